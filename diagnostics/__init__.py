@@ -1,0 +1,1 @@
+"""ACR statistics and monitor, metric sinks, run reports."""

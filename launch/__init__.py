@@ -1,0 +1,1 @@
+"""Hydra entry points (train, evaluate, analyze, submit) and the config schema."""

@@ -1,0 +1,1 @@
+"""Advantage estimators, AVSPO trigger, policy loss; the DeepSpeed learner group."""

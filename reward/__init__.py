@@ -1,0 +1,1 @@
+"""Tasks, answer extraction, process-isolated verifiers and intrinsic rewards."""

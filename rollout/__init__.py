@@ -1,0 +1,1 @@
+"""Generation: engine protocol, transformers and vLLM engines, Ray rollout workers, weight sync."""
