@@ -1,0 +1,297 @@
+"""Advantage Collapse Rate (ACR): per-step collapse statistics and the run-long monitor.
+
+Math (DESIGN.md sections 4-5; paper arXiv 2605.21125, Eq. 4/11). A step has groups j = 1..N,
+group j holds the real rewards R_j = (r_j1..r_jG) of the G samples of one prompt.
+
+- Group j is *collapsed* when ``sigma_pop(R_j) < tau`` (population std, tau = 1e-6) or G = 1:
+  GRPO's advantages, and so its gradient, vanish for it.
+- ``ACR_t = #collapsed / N``. Strata: *high* when ``max(R_j) > r_lo`` (all correct, or all equal at
+  a positive partial credit), *low* when ``max(R_j) == r_lo`` (all incorrect).
+- ``ACR100`` = mean of ``ACR_t`` over the first 100 steps; the paper's early predictor of final
+  accuracy (runs with ACR100 > 0.5 rarely exceed 35% accuracy).
+
+Choices that are ours (the paper is silent), all configurable in :class:`MonitorConfig`:
+
+- ``acr/ema`` starts at the first step's value (no bias correction), then
+  ``ema = beta * ema + (1 - beta) * acr``, beta = 0.9.
+- ``acr/volatility`` is the population std over the last 25 steps.
+- ``acr/effective`` and ``acr/wasted_token_frac`` call an advantage zero when ``|A| < 1e-8``.
+- The early-warning alert may fire only after ``alert_min_steps`` steps (default 10), so that one
+  unlucky first step does not fire it; it fires at most once per run.
+
+>>> s = collapse_stats(torch.tensor([1., 1., 0., 0., 1., 0.]), torch.tensor([0, 0, 1, 1, 2, 2]))
+>>> round(s.acr, 4), round(s.acr_high, 4), round(s.acr_low, 4), s.batch_collapsed
+(0.6667, 0.3333, 0.3333, False)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from diagnostics.groups import (
+    Groups,
+    collapsed_groups,
+    segment_groups,
+    segment_max,
+    segment_moments,
+    segment_sum,
+)
+
+logger = logging.getLogger(__name__)
+
+ZERO_ADVANTAGE = 1e-8  # |A| below this counts as "no gradient" for acr/effective
+
+
+@dataclass(frozen=True)
+class CollapseStats:
+    """Collapse statistics of one step's real rewards."""
+
+    acr: float  # collapsed groups / groups
+    acr_high: float  # collapsed with max(R_j) > r_lo, / groups
+    acr_low: float  # collapsed with max(R_j) == r_lo, / groups
+    batch_collapsed: bool  # every group collapsed
+    collapsed: Tensor  # [M] bool, groups in ascending id order
+    high: Tensor  # [M] bool, collapsed & max(R_j) > r_lo
+    # Kept for the advantage estimators, which need the same group statistics:
+    groups: Groups = field(repr=False)
+    mean: Tensor = field(repr=False)  # [M] group mean reward
+    m2: Tensor = field(repr=False)  # [M] sum of squared deviations from the mean
+    max: Tensor = field(repr=False)  # [M] group max reward
+
+
+def collapse_stats(
+    rewards: Tensor, group_ids: Tensor, *, tau: float = 1e-6, r_lo: float = 0.0
+) -> CollapseStats:
+    """Which groups are collapsed, and ACR with its strata (DESIGN.md section 9)."""
+    rewards = _as_float(rewards)
+    groups = segment_groups(group_ids)
+    if group_ids.numel() != rewards.numel():
+        raise ValueError(f"rewards has {rewards.numel()} entries, group_ids {group_ids.numel()}")
+    if groups.num == 0:
+        raise ValueError("collapse_stats needs at least one reward")
+    mean, m2 = segment_moments(rewards, groups)
+    if not bool(torch.isfinite(mean).all()):  # a NaN/inf reward makes its group's mean one
+        _raise_non_finite(rewards)
+    collapsed = collapsed_groups(m2, groups.size, tau)
+    group_max = segment_max(rewards, groups)
+    above_floor = group_max > r_lo
+    high = collapsed & above_floor
+    low = collapsed & ~above_floor
+    m = groups.num
+    n_collapsed = int(collapsed.sum())
+    return CollapseStats(
+        acr=n_collapsed / m,
+        acr_high=int(high.sum()) / m,
+        acr_low=int(low.sum()) / m,
+        batch_collapsed=n_collapsed == m,
+        collapsed=collapsed,
+        high=high,
+        groups=groups,
+        mean=mean,
+        m2=m2,
+        max=group_max,
+    )
+
+
+def _as_float(x: Tensor) -> Tensor:
+    if x.dim() != 1:
+        raise ValueError(f"rewards must be 1-D, got shape {tuple(x.shape)}")
+    return x if x.dtype.is_floating_point else x.to(torch.float32)
+
+
+def _raise_non_finite(rewards: Tensor) -> None:
+    bad = ~torch.isfinite(rewards)
+    where = bad.nonzero().squeeze(1)[:5].tolist()
+    raise ValueError(f"rewards hold {int(bad.sum())} non-finite values (first at {where})")
+
+
+@dataclass
+class MonitorConfig:
+    """The ACR monitor's settings (Hydra group ``diagnostics`` later; defaults per DESIGN.md)."""
+
+    tau: float = field(default=1e-6, metadata={"ge": 0.0})
+    """Collapse threshold on the population std of a group's rewards."""
+    r_lo: float = 0.0
+    """Lowest reward of the task: a collapsed group at this value is the *low* stratum."""
+    ema_beta: float = field(default=0.9, metadata={"ge": 0.0, "lt": 1.0})
+    window: int = field(default=100, metadata={"ge": 1})
+    """Steps in ``acr/window`` (mean)."""
+    volatility_window: int = field(default=25, metadata={"ge": 1})
+    """Steps in ``acr/volatility`` (population std)."""
+    early_steps: int = field(default=100, metadata={"ge": 1})
+    """ACR100 averages ``acr/raw`` over this many first steps, then freezes."""
+    alert_level: float = field(default=0.5, metadata={"ge": 0.0, "le": 1.0})
+    """The early warning fires once when ACR100 (running mean before it freezes) exceeds this."""
+    alert_min_steps: int = field(default=10, metadata={"ge": 1})
+    """Steps observed before the alert may fire."""
+
+
+class ACRMonitor:
+    """Turns each step's rewards and advantages into the metrics of DESIGN.md section 5.
+
+    Call :meth:`update` once per training step with that step's real rewards, the advantages
+    the advantage stage produced, group ids and response lengths (tokens). All per-step math is
+    vectorised over groups; only the per-prompt history (string keys) is a dictionary update.
+    """
+
+    def __init__(self, cfg: MonitorConfig | None = None):
+        self.cfg = cfg or MonitorConfig()
+        self.steps = 0
+        self.ema: float | None = None
+        self.recent: deque[float] = deque(maxlen=max(self.cfg.window, self.cfg.volatility_window))
+        self.early_sum = 0.0  # sum of acr/raw over the first `early_steps` steps
+        self.alert_step: int | None = None  # monitor step at which the early warning fired
+        # prompt key -> [times seen, times collapsed high (always solved), times collapsed low]
+        self.prompt_history: dict[str, list[int]] = {}
+
+    @property
+    def acr100(self) -> float:
+        """Mean ``acr/raw`` over the first ``early_steps`` steps (running mean before that)."""
+        seen = min(self.steps, self.cfg.early_steps)
+        return self.early_sum / seen if seen else math.nan
+
+    def update(
+        self,
+        rewards: Tensor,
+        group_ids: Tensor,
+        advantages: Tensor,
+        response_lengths: Tensor,
+        *,
+        prompt_keys: list[str] | None = None,
+        verifier_reasons: list[str] | None = None,
+    ) -> dict[str, float]:
+        """Record one step; returns its ``acr/*`` (and ``reward/verifier_*``) metrics.
+
+        ``prompt_keys`` (optional) names each group's prompt, in ascending group-id order, for
+        the per-prompt collapse history. ``verifier_reasons`` (optional) are the verdict reasons
+        of the step's samples ("ok", "wrong", "no_answer", "timeout", "error").
+        """
+        stats = collapse_stats(rewards, group_ids, tau=self.cfg.tau, r_lo=self.cfg.r_lo)
+        groups = stats.groups
+        if advantages.shape != rewards.shape or response_lengths.shape != rewards.shape:
+            raise ValueError("rewards, advantages and response_lengths must all have shape [N]")
+        acr = stats.acr
+        metrics = {
+            "acr/raw": acr,
+            "frac_reward_zero_std": acr,  # TRL's name for the same quantity
+            "acr/high": stats.acr_high,
+            "acr/low": stats.acr_low,
+            "acr/batch_collapsed": float(stats.batch_collapsed),
+        }
+
+        # What the update actually wasted, after the advantage stage.
+        zero_adv = advantages.abs() < ZERO_ADVANTAGE  # [N]
+        nonzero_per_group = segment_sum((~zero_adv).to(torch.int64), groups)  # [M]
+        metrics["acr/effective"] = float((nonzero_per_group == 0).float().mean())
+        lengths = response_lengths.to(torch.float64)
+        total_tokens = float(lengths.sum())
+        wasted = float(lengths[zero_adv].sum())
+        metrics["acr/wasted_token_frac"] = wasted / total_tokens if total_tokens > 0 else 0.0
+
+        # Over time.
+        self.steps += 1
+        self.ema = (
+            acr
+            if self.ema is None
+            else self.cfg.ema_beta * self.ema + (1 - self.cfg.ema_beta) * acr
+        )
+        self.recent.append(acr)
+        if self.steps <= self.cfg.early_steps:
+            self.early_sum += acr
+        window = list(self.recent)[-self.cfg.window :]
+        vol = torch.tensor(list(self.recent)[-self.cfg.volatility_window :], dtype=torch.float64)
+        metrics["acr/ema"] = self.ema
+        metrics["acr/window"] = sum(window) / len(window)
+        metrics["acr/volatility"] = float(vol.std(unbiased=False))
+        metrics["acr/acr100"] = self.acr100
+        self._maybe_alert()
+        metrics["acr/early_warning"] = float(self.alert_step is not None)
+
+        if prompt_keys is not None:
+            self._record_prompts(prompt_keys, stats)
+        if verifier_reasons is not None:
+            metrics.update(verifier_metrics(verifier_reasons))
+        return metrics
+
+    def _maybe_alert(self) -> None:
+        if self.alert_step is not None or self.steps < self.cfg.alert_min_steps:
+            return
+        if self.acr100 > self.cfg.alert_level:
+            self.alert_step = self.steps
+            frozen = self.steps >= self.cfg.early_steps
+            logger.warning(
+                "ACR early warning at step %d: ACR%d%s = %.3f > %.2f. Runs this collapsed rarely "
+                "reach good accuracy (paper: ACR100 > 0.5 -> mostly < 35%%); consider AVSPO, an "
+                "easier task level or more samples per prompt.",
+                self.steps,
+                self.cfg.early_steps,
+                "" if frozen else " (running)",
+                self.acr100,
+                self.cfg.alert_level,
+            )
+
+    def _record_prompts(self, prompt_keys: list[str], stats: CollapseStats) -> None:
+        if len(prompt_keys) != stats.groups.num:
+            raise ValueError(f"{len(prompt_keys)} prompt keys for {stats.groups.num} groups")
+        high = stats.high.tolist()
+        low = (stats.collapsed & ~stats.high).tolist()
+        for key, h, lo in zip(prompt_keys, high, low, strict=True):
+            rec = self.prompt_history.setdefault(key, [0, 0, 0])
+            rec[0] += 1
+            rec[1] += h
+            rec[2] += lo
+
+    def prompt_summary(self) -> dict[str, int]:
+        """Prompts seen, always solved (every visit all-correct), never solved (all-incorrect)."""
+        recs = self.prompt_history.values()
+        return {
+            "prompts_seen": len(self.prompt_history),
+            "always_solved": sum(1 for n, h, _ in recs if h == n),
+            "never_solved": sum(1 for n, _, lo in recs if lo == n),
+        }
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable state for checkpoints."""
+        return {
+            "steps": self.steps,
+            "ema": self.ema,
+            "recent": list(self.recent),
+            "early_sum": self.early_sum,
+            "alert_step": self.alert_step,
+            "prompt_history": {k: list(v) for k, v in self.prompt_history.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+        self.ema = state["ema"]
+        self.recent = deque(state["recent"], maxlen=self.recent.maxlen)
+        self.early_sum = float(state["early_sum"])
+        self.alert_step = state["alert_step"]
+        self.prompt_history = {k: list(v) for k, v in state["prompt_history"].items()}
+
+
+VERDICT_REASONS = ("ok", "wrong", "no_answer", "timeout", "error")
+
+
+def verifier_metrics(reasons: list[str]) -> dict[str, float]:
+    """``reward/verifier_error_frac`` and ``reward/verifier_timeout_frac`` of a step's verdicts.
+
+    Logged beside ACR because a broken verifier (every item an error -> reward 0) looks exactly
+    like all-incorrect collapse.
+
+    >>> verifier_metrics(["ok", "timeout", "error", "wrong"])
+    {'reward/verifier_error_frac': 0.25, 'reward/verifier_timeout_frac': 0.25}
+    """
+    n = len(reasons)
+    if n == 0:
+        return {"reward/verifier_error_frac": 0.0, "reward/verifier_timeout_frac": 0.0}
+    return {
+        "reward/verifier_error_frac": sum(r == "error" for r in reasons) / n,
+        "reward/verifier_timeout_frac": sum(r == "timeout" for r in reasons) / n,
+    }
