@@ -1,0 +1,385 @@
+r"""Group-relative advantage estimators: GRPO, Dr. GRPO, RLOO and AVSPO, looked up by name.
+
+Notation (DESIGN.md section 4): group j holds the real rewards R_j = (r_j1..r_jG) of one prompt's
+G samples (G may differ between groups). ``std`` is the unbiased std unless ``unbiased=False``.
+A group is *collapsed* when ``sigma_pop(R_j) < tau`` or G = 1 (see ``diagnostics/acr.py``), and
+``ACR_t`` is the share of collapsed groups in the step.
+
+- ``grpo``:    A_ji = (r_ji - mean(R_j)) / (std(R_j) + eps)
+- ``dr_grpo``: A_ji = r_ji - mean(R_j)                                  (no std division)
+- ``rloo``:    A_ji = r_ji - mean(R_j \ r_ji) = G/(G-1) * (r_ji - mean(R_j))
+- ``avspo``:   as ``grpo``, except that when ``ACR_t > tau_adapt`` every collapsed group j gets
+  K_j virtual rewards V_j joined to its statistics (paper Eq. 8-10, 13-14):
+  A_ji = (r_ji - mean(R_j u V_j)) / (std(R_j u V_j) + eps), real samples only;
+  K_j = max(1, min(G_j, ceil(G_j * ACR_t ** alpha))), or a fixed ``k`` (clipped to [1, G_j]).
+
+Every collapsed group gets exactly 0 from ``grpo``/``dr_grpo``/``rloo`` (never NaN, whatever
+eps). Virtual values for k = 1..K (r_lo, r_hi = the task's reward range):
+
+- ``stratified`` (paper default): if r_obs = max(R_j) > r_lo:
+  v_k = r_lo + (r_obs - r_lo) * (1 - k/(K+1));
+  else v_k = r_lo + r_anchor * (r_hi - r_lo) * (K-k+1)/K.
+- ``fixed``: v_k = (r_lo + r_hi) / 2.
+- ``random``: v_k ~ Uniform(r_lo, r_hi) from the given generator (torch's global one if None).
+- ``opposite`` (the authors' released code): K = 1, v = r_hi for a low group, r_lo for a high one.
+
+Departures from the paper, all ours: eps = 1e-6 (TRL uses 1e-4); the ``stratified`` formula is
+written relative to r_lo and the range so that it equals the paper's exactly for rewards in
+[0, 1] and stays meaningful for other ranges; ``ceil`` is taken of ``G * ACR**alpha - 1e-9`` so
+that float rounding of an exact integer (e.g. 8 * 0.25 ** 0.5) does not add a sample; a fixed
+``k`` is clipped to G_j like the adaptive one.
+
+Worked example (DESIGN.md): G = 8 all correct, ACR_t = 0.5 > tau_adapt = 0.3 -> K = 6,
+v = 6/7..1/7, union mean 11/14, real advantage 0.7276 (population std) / 0.7011 (unbiased):
+
+>>> r = torch.tensor([1.0] * 8 + [0.0, 1.0] * 4, dtype=torch.float64)
+>>> g = torch.tensor([0] * 8 + [1] * 8)
+>>> res = avspo_advantages(r, g, tau_adapt=0.3, eps=0.0)
+>>> res.acr, res.k.tolist(), round(res.advantages[0].item(), 4)
+(0.5, [6, 0], 0.7011)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from diagnostics.acr import CollapseStats, collapse_stats
+from diagnostics.groups import Groups
+
+STRATEGIES = ("stratified", "fixed", "random", "opposite")
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """What an estimator returns for one step."""
+
+    advantages: Tensor  # [N] per sample, same dtype as the rewards
+    collapsed: Tensor  # [M] bool
+    augmented: Tensor  # [M] bool, got virtual samples
+    num_virtual: int  # virtual samples added in the step
+    acr: float  # ACR_t of the real rewards
+    k: Tensor = field(repr=False)  # [M] long, virtual samples per group (0 if not augmented)
+    triggered: bool = False  # ACR_t > tau_adapt (AVSPO only)
+    groups: Groups = field(default=None, repr=False)  # the grouping the estimator used
+
+    @property
+    def group_index(self) -> Tensor:
+        """``[N]`` long: group of each sample in 0..M-1 (ascending group id); built on demand."""
+        return self.groups.index
+
+
+def _result(stats: CollapseStats, advantages: Tensor, **extra) -> AdvantageResult:
+    m = stats.groups.num
+    base = dict(
+        advantages=advantages,
+        groups=stats.groups,
+        collapsed=stats.collapsed,
+        augmented=torch.zeros(m, dtype=torch.bool),
+        num_virtual=0,
+        acr=stats.acr,
+        k=torch.zeros(m, dtype=torch.long),
+    )
+    base.update(extra)
+    return AdvantageResult(**base)
+
+
+# Every estimator here is a per-group affine map A_ji = (r_ji - center_j) / denom_j: the group
+# statistics are computed on [M]-sized tensors and the N samples are touched once, in _apply.
+# denom_j = +inf makes a group's advantages exactly 0 (collapsed groups, or a zero std with
+# eps = 0), never NaN.
+
+
+def _apply(rewards: Tensor, stats: CollapseStats, center: Tensor, denom: Tensor) -> Tensor:
+    g = stats.groups
+    return ((g.per_sample(rewards) - g.broadcast(center)) / g.broadcast(denom)).reshape(-1)
+
+
+def _zero_where(denom: Tensor, zero: Tensor | None = None) -> Tensor:
+    """``denom`` with +inf where ``zero`` (or where it is not positive)."""
+    bad = denom <= 0 if zero is None else zero | (denom <= 0)
+    return torch.where(bad, torch.full_like(denom, torch.inf), denom)
+
+
+def _grpo_denom(stats: CollapseStats, *, eps: float, scale_by_std: bool, unbiased: bool) -> Tensor:
+    size = stats.groups.size.to(stats.m2.dtype)
+    if scale_by_std:
+        dof = (size - 1 if unbiased else size).clamp(min=1)
+        denom = torch.sqrt(stats.m2 / dof) + eps  # [M] std + eps
+    else:
+        denom = torch.ones_like(size)
+    return _zero_where(denom, stats.collapsed)
+
+
+def grpo_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    eps: float = 1e-6,
+    scale_by_std: bool = True,
+    unbiased: bool = True,
+    tau: float = 1e-6,
+) -> AdvantageResult:
+    """GRPO (``scale_by_std=True``) or Dr. GRPO (``False``) advantages.
+
+    >>> res = grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([5, 5, 5, 5]))
+    >>> [round(a, 4) for a in res.advantages.tolist()]  # mean 0.25, unbiased std 0.5
+    [1.5, -0.5, -0.5, -0.5]
+    """
+    stats = collapse_stats(rewards, group_ids, tau=tau)
+    denom = _grpo_denom(stats, eps=eps, scale_by_std=scale_by_std, unbiased=unbiased)
+    return _result(stats, _apply(rewards.to(stats.mean.dtype), stats, stats.mean, denom))
+
+
+def rloo_advantages(rewards: Tensor, group_ids: Tensor, *, tau: float = 1e-6) -> AdvantageResult:
+    """RLOO: each sample's reward minus the mean of the *other* samples of its group.
+
+    >>> res = rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 0]))
+    >>> [round(a, 4) for a in res.advantages.tolist()]  # 1 - 0; 0 - 1/3
+    [1.0, -0.3333, -0.3333, -0.3333]
+    """
+    stats = collapse_stats(rewards, group_ids, tau=tau)
+    size = stats.groups.size.to(stats.mean.dtype)
+    denom = _zero_where((size - 1) / size, stats.collapsed)  # G = 1 groups are collapsed
+    return _result(stats, _apply(rewards.to(stats.mean.dtype), stats, stats.mean, denom))
+
+
+def virtual_counts(
+    size: Tensor, acr: float, *, alpha: float, k: int | None, strategy: str
+) -> Tensor:
+    """K_j per group ``[M]`` (before masking by ``augmented``), always in [1, G_j].
+
+    >>> virtual_counts(torch.tensor([8, 8, 3]), 0.5, alpha=0.5, k=None, strategy="stratified")
+    tensor([6, 6, 3])
+    """
+    if strategy == "opposite":
+        return torch.ones_like(size)
+    if k is not None:
+        want = torch.full_like(size, int(k))
+    else:
+        want = torch.ceil(size.to(torch.float64) * (acr**alpha) - 1e-9).to(size.dtype)
+    return torch.minimum(want, size).clamp(min=1)
+
+
+def virtual_rewards(
+    strategy: str,
+    k_total: Tensor,
+    r_obs: Tensor,
+    *,
+    reward_range: tuple[float, float],
+    r_anchor: float,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """Virtual rewards of A groups as ``[A, Kmax]``, row j holding v_1..v_K of group j (K =
+    ``k_total[j]``) and zeros after; ``r_obs [A]`` is each group's max real reward.
+
+    >>> v = virtual_rewards("stratified", torch.tensor([3, 2]), torch.tensor([1.0, 0.0]),
+    ...                     reward_range=(0.0, 1.0), r_anchor=0.1, generator=None)
+    >>> [[round(x, 6) for x in row] for row in v.tolist()]  # 1*(1-k/4) | 0.1*(2-k+1)/2
+    [[0.75, 0.5, 0.25], [0.1, 0.05, 0.0]]
+    """
+    r_lo, r_hi = reward_range
+    dtype = r_obs.dtype
+    k_max = int(k_total.max())
+    k_pos = torch.arange(1, k_max + 1, dtype=dtype)[None, :]  # [1, Kmax] k = 1..Kmax
+    kk = k_total.to(dtype)[:, None]  # [A, 1]
+    valid = k_pos <= kk  # [A, Kmax]
+    r_obs = r_obs[:, None]  # [A, 1]
+    if strategy == "stratified":
+        down = r_lo + (r_obs - r_lo) * (1 - k_pos / (kk + 1))
+        up = r_lo + r_anchor * (r_hi - r_lo) * (kk - k_pos + 1) / kk
+        values = torch.where(r_obs > r_lo, down, up)
+    elif strategy == "fixed":
+        values = torch.full(valid.shape, 0.5 * (r_lo + r_hi), dtype=dtype)
+    elif strategy == "random":  # drawn in group order, k = 1..K within a group
+        values = torch.zeros(valid.shape, dtype=dtype)
+        draws = torch.rand(int(k_total.sum()), generator=generator, dtype=dtype)
+        values[valid] = r_lo + (r_hi - r_lo) * draws
+    elif strategy == "opposite":
+        values = torch.where(r_obs > r_lo, r_lo, r_hi).to(dtype).expand(valid.shape)
+    else:
+        raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
+    return torch.where(valid, values, torch.zeros((), dtype=dtype))
+
+
+def virtual_moments(
+    strategy: str,
+    k_total: Tensor,
+    r_obs: Tensor,
+    *,
+    reward_range: tuple[float, float],
+    r_anchor: float,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor]:
+    """Mean and population variance ``[A]`` of each augmented group's K virtual rewards.
+
+    Closed form for the deterministic strategies, so that no ``[A, K]`` tensor is built: the
+    ``stratified`` values are an arithmetic sequence a + b * j/n, j = 1..K, whose mean is
+    a + b * (K+1) / (2n) and variance b^2 * (K^2 - 1) / (12 n^2) (n = K+1 for a high group,
+    n = K for a low one). ``random`` computes them from its draws (:func:`virtual_rewards`).
+
+    >>> m, v = virtual_moments("stratified", torch.tensor([6]), torch.tensor([1.0]),
+    ...                        reward_range=(0.0, 1.0), r_anchor=0.1, generator=None)
+    >>> round(m.item(), 6), round(v.item(), 6)  # mean of 1/7..6/7 = 1/2, var 35/588
+    (0.5, 0.059524)
+    """
+    r_lo, r_hi = reward_range
+    kk = k_total.to(r_obs.dtype)
+    if strategy == "stratified":
+        high = r_obs > r_lo
+        step = torch.where(high, r_obs - r_lo, torch.full_like(r_obs, r_anchor * (r_hi - r_lo)))
+        n = torch.where(high, kk + 1, kk)
+        mean = r_lo + step * (kk + 1) / (2 * n)
+        var = step * step * (kk * kk - 1) / (12 * n * n)
+        return mean, var
+    if strategy == "fixed":
+        return torch.full_like(r_obs, 0.5 * (r_lo + r_hi)), torch.zeros_like(r_obs)
+    if strategy == "opposite":
+        return torch.where(r_obs > r_lo, r_lo, r_hi).to(r_obs.dtype), torch.zeros_like(r_obs)
+    if strategy == "random":
+        values = virtual_rewards(
+            strategy,
+            k_total,
+            r_obs,
+            reward_range=reward_range,
+            r_anchor=r_anchor,
+            generator=generator,
+        )  # [A, Kmax], zero past K
+        mean = values.sum(1) / kk
+        valid = torch.arange(values.shape[1])[None, :] < k_total[:, None]
+        dev = torch.where(valid, values - mean[:, None], torch.zeros((), dtype=values.dtype))
+        return mean, (dev * dev).sum(1) / kk
+    raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
+
+
+def avspo_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    tau_adapt: float,
+    alpha: float = 0.5,
+    tau: float = 1e-6,
+    eps: float = 1e-6,
+    strategy: str = "stratified",
+    r_anchor: float = 0.1,
+    reward_range: tuple[float, float] = (0.0, 1.0),
+    k: int | None = None,
+    unbiased: bool = True,
+    generator: torch.Generator | None = None,
+) -> AdvantageResult:
+    """AVSPO advantages (module docstring); non-augmented groups are bit-identical to GRPO."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
+    if k is not None and k < 1:
+        raise ValueError(f"k must be >= 1 or None, got {k}")
+    r_lo, r_hi = reward_range
+    if not r_lo < r_hi:
+        raise ValueError(f"reward_range must satisfy r_lo < r_hi, got {reward_range}")
+    stats = collapse_stats(rewards, group_ids, tau=tau, r_lo=r_lo)
+    rewards = rewards.to(stats.mean.dtype)
+    center = stats.mean
+    denom = _grpo_denom(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
+    triggered = stats.acr > tau_adapt
+    augmented = stats.collapsed & triggered  # [M]
+    if not bool(augmented.any()):
+        return _result(stats, _apply(rewards, stats, center, denom), triggered=triggered)
+
+    groups, dtype = stats.groups, rewards.dtype
+    k_all = virtual_counts(groups.size, stats.acr, alpha=alpha, k=k, strategy=strategy)
+    k_all = torch.where(augmented, k_all, torch.zeros_like(k_all))  # [M]
+    aug = augmented.nonzero().squeeze(1)  # [A] augmented groups
+    k_aug = k_all[aug]  # [A]
+    mean_v, var_v = virtual_moments(
+        strategy,
+        k_aug,
+        stats.max[aug],
+        reward_range=reward_range,
+        r_anchor=r_anchor,
+        generator=generator,
+    )  # [A] each
+
+    # Statistics of R_j u V_j from the two parts' moments (Chan et al.'s parallel formula):
+    # M2_u = M2_R + M2_V + G K / (G + K) * (mean_R - mean_V)^2. Real samples are not touched.
+    g_real = groups.size[aug].to(dtype)  # [A]
+    n_virt = k_aug.to(dtype)  # [A]
+    mean_r = stats.mean[aug]
+    mean_u = (g_real * mean_r + n_virt * mean_v) / (g_real + n_virt)  # [A]
+    gap = mean_r - mean_v
+    m2_u = stats.m2[aug] + n_virt * var_v + g_real * n_virt / (g_real + n_virt) * gap * gap
+    dof = g_real + n_virt - (1 if unbiased else 0)
+    denom_u = _zero_where(torch.sqrt(m2_u / dof) + eps)
+    center = center.index_copy(0, aug, mean_u)
+    denom = denom.index_copy(0, aug, denom_u)
+    return _result(
+        stats,
+        _apply(rewards, stats, center, denom),
+        augmented=augmented,
+        num_virtual=int(k_aug.sum()),
+        k=k_all,
+        triggered=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry: every estimator has the signature fn(rewards, group_ids, cfg, *, tau_adapt,
+# reward_range, generator) -> AdvantageResult, where cfg is an AlgorithmConfig. The caller looks
+# the name up and never special-cases one.
+
+Estimator = Callable[..., AdvantageResult]
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    def deco(fn: Estimator) -> Estimator:
+        if name in ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} registered twice")
+        ESTIMATORS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_estimator(name: str) -> Estimator:
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown advantage estimator {name!r}; registered: {sorted(ESTIMATORS)}"
+        ) from None
+
+
+@register_estimator("grpo")
+def _grpo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
+    return grpo_advantages(rewards, group_ids, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau)
+
+
+@register_estimator("dr_grpo")
+def _dr_grpo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
+    return grpo_advantages(rewards, group_ids, scale_by_std=False, tau=cfg.tau)
+
+
+@register_estimator("rloo")
+def _rloo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
+    return rloo_advantages(rewards, group_ids, tau=cfg.tau)
+
+
+@register_estimator("avspo")
+def _avspo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
+    a = cfg.avspo
+    return avspo_advantages(
+        rewards,
+        group_ids,
+        tau_adapt=tau_adapt,
+        alpha=a.alpha,
+        tau=cfg.tau,
+        eps=cfg.eps,
+        strategy=a.strategy,
+        r_anchor=a.r_anchor,
+        reward_range=reward_range,
+        k=a.k,
+        unbiased=cfg.unbiased_std,
+        generator=generator,
+    )

@@ -1,0 +1,47 @@
+"""The ``algorithm`` config group's schema: which advantage estimator, AVSPO, trigger and loss.
+
+Plain dataclasses (no Hydra import): ``launch/config.py`` registers them with Hydra's ConfigStore
+and validates field ``metadata`` (``choices``, ``ge``/``gt``/``le``/``lt``) with the key's path.
+Presets live in ``conf/algorithm/*.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from learner.advantage import ESTIMATORS, STRATEGIES
+from learner.loss import LossConfig
+from learner.trigger import TriggerConfig
+
+
+@dataclass
+class AvspoConfig:
+    """Virtual samples for collapsed groups (used by the ``avspo`` estimator only)."""
+
+    alpha: float = field(default=0.5, metadata={"gt": 0.0})
+    """K_t = max(1, min(G, ceil(G * ACR_t ** alpha)))."""
+    strategy: str = field(default="stratified", metadata={"choices": STRATEGIES})
+    """stratified (paper) | fixed | random | opposite (authors' code)."""
+    r_anchor: float = field(default=0.1, metadata={"ge": 0.0, "le": 1.0})
+    """Anchor of ``stratified`` virtual rewards for all-incorrect groups (share of the range)."""
+    k: int | None = field(default=None, metadata={"ge": 1})
+    """Fixed number of virtual samples per collapsed group (ablation); null = adaptive K_t."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """One RL algorithm: advantage estimator by name plus its knobs and the policy loss."""
+
+    name: str = "avspo"
+    """Preset name, for logs and run directories."""
+    estimator: str = field(default="avspo", metadata={"choices": lambda: tuple(ESTIMATORS)})
+    """Registered advantage estimator: grpo | dr_grpo | rloo | avspo."""
+    eps: float = field(default=1e-6, metadata={"ge": 0.0})
+    """Added to the std in GRPO-style normalisation (ours; TRL uses 1e-4)."""
+    tau: float = field(default=1e-6, metadata={"ge": 0.0})
+    """Collapse threshold on a group's population reward std."""
+    unbiased_std: bool = True
+    """Advantage std divides by G - 1 (TRL, verl) rather than G."""
+    avspo: AvspoConfig = field(default_factory=AvspoConfig)
+    trigger: TriggerConfig = field(default_factory=TriggerConfig)
+    loss: LossConfig = field(default_factory=LossConfig)

@@ -1,0 +1,105 @@
+"""AVSPO trigger policies (paper Eq. 12) and the advantage stage that uses them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from learner.advantage_stage import AdvantageStage
+from learner.config import AlgorithmConfig, AvspoConfig
+from learner.trigger import TriggerConfig, make_trigger
+
+
+def test_adaptive_update_rule_by_hand():
+    trig = make_trigger(TriggerConfig(policy="adaptive", tau_adapt_0=0.5, eta=0.1))
+    trig.observe(acr=0.9, mean_reward=0.30)  # step 0: no J_{t-1} -> no update
+    assert trig.tau_adapt == 0.5
+    trig.observe(acr=0.9, mean_reward=0.40)  # J up: 0.5 + 0.1 * (+1) * (0.9 - 0.5) = 0.54
+    assert trig.tau_adapt == pytest.approx(0.54)
+    trig.observe(acr=0.2, mean_reward=0.35)  # J down: 0.54 + 0.1 * (-1) * (0.2 - 0.54) = 0.574
+    assert trig.tau_adapt == pytest.approx(0.574)
+    trig.observe(acr=0.0, mean_reward=0.35)  # J equal: sign 0 -> unchanged
+    assert trig.tau_adapt == pytest.approx(0.574)
+
+
+def test_adaptive_is_clipped_to_bounds():
+    trig = make_trigger(TriggerConfig(policy="adaptive", tau_adapt_0=0.5, eta=1.0))
+    trig.observe(acr=1.0, mean_reward=0.0)
+    trig.observe(acr=1.0, mean_reward=1.0)  # 0.5 + 1 * (1 - 0.5) = 1.0 -> clipped to 0.9
+    assert trig.tau_adapt == 0.9
+    trig.observe(acr=0.0, mean_reward=2.0)  # 0.9 + 1 * (0 - 0.9) = 0 -> clipped to 0.1
+    assert trig.tau_adapt == 0.1
+
+
+def test_fixed_always_never():
+    assert make_trigger(TriggerConfig(policy="fixed", tau_adapt_0=0.3)).tau_adapt == 0.3
+    for policy, tau in (("always", 0.0), ("never", 1.0)):
+        trig = make_trigger(TriggerConfig(policy=policy))
+        trig.observe(acr=1.0, mean_reward=0.0)
+        trig.observe(acr=1.0, mean_reward=1.0)
+        assert trig.tau_adapt == tau  # never moves
+
+
+def test_state_round_trip_is_json_and_continues_identically():
+    cfg = TriggerConfig(policy="adaptive", eta=0.2)
+    a = make_trigger(cfg)
+    for acr, j in ((0.8, 0.1), (0.7, 0.3)):
+        a.observe(acr, j)
+    b = make_trigger(cfg)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    a.observe(0.6, 0.2)
+    b.observe(0.6, 0.2)
+    assert a.tau_adapt == b.tau_adapt and a.state_dict() == b.state_dict()
+
+
+def test_bad_trigger_config():
+    with pytest.raises(ValueError, match="outside"):
+        make_trigger(TriggerConfig(policy="adaptive", tau_adapt_0=0.95))
+    with pytest.raises(ValueError, match="unknown trigger policy"):
+        make_trigger(TriggerConfig(policy="sometimes"))
+
+
+def test_stage_decides_with_current_threshold_then_updates():
+    # Every step: one all-correct group and one mixed -> ACR 0.5. Mean reward rises each step.
+    cfg = AlgorithmConfig(
+        trigger=TriggerConfig(
+            policy="adaptive", tau_adapt_0=0.45, eta=0.5, tau_min=0.1, tau_max=0.9
+        )
+    )
+    stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    r1 = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])  # J = 5/8
+    r2 = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0])  # J = 6/8
+    res1, m1 = stage(r1, g)
+    # 0.5 > 0.45: triggered; K = ceil(4 * 0.5 ** 0.5) = ceil(2.83) = 3 for the collapsed group.
+    assert m1["avspo/triggered"] == 1.0 and m1["avspo/tau_adapt"] == 0.45
+    assert m1["avspo/k"] == 3.0 and m1["avspo/virtual_samples"] == 3.0
+    assert m1["avspo/groups_augmented"] == 1.0
+    assert (res1.advantages[:4] > 0).all()
+    # First step: no update. Second step decides with 0.45, then J rose:
+    # 0.45 + 0.5 * (0.5 - 0.45) = 0.475.
+    _, m2 = stage(r2, g)
+    assert m2["avspo/tau_adapt"] == 0.45
+    assert stage.trigger.tau_adapt == pytest.approx(0.475)
+
+
+def test_stage_state_round_trip_includes_rng():
+    cfg = AlgorithmConfig(
+        avspo=AvspoConfig(strategy="random"), trigger=TriggerConfig(policy="always")
+    )
+    r = torch.tensor([1.0] * 4 + [0.0] * 4)
+    g = torch.tensor([0] * 4 + [1] * 4)
+    a = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=5)
+    a(r, g)
+    b = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=99)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert torch.equal(a(r, g)[0].advantages, b(r, g)[0].advantages)
+
+
+def test_grpo_preset_never_augments():
+    cfg = AlgorithmConfig(estimator="grpo", trigger=TriggerConfig(policy="never"))
+    stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
+    res, m = stage(torch.ones(8), torch.tensor([0] * 4 + [1] * 4))
+    assert m["avspo/triggered"] == 0.0 and res.advantages.abs().sum() == 0
