@@ -1,0 +1,97 @@
+"""The whole run's config schema, its Hydra registration and its validation.
+
+Dataclasses are the schema (one source of truth); ``conf/**/*.yaml`` hold presets. Hydra rejects
+an unknown key or a value of the wrong type while composing, naming the key's full path.
+:func:`validate` then checks values (``field(metadata=...)``: ``choices``, ``ge``, ``gt``,
+``le``, ``lt``, and a dataclass's own ``check()``), again naming the path, before any actor
+starts.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from diagnostics.acr import MonitorConfig
+from learner.config import AlgorithmConfig
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message starts with the key's path."""
+
+
+@dataclass
+class TrainerConfig:
+    """The driver loop."""
+
+    total_steps: int = field(default=50, metadata={"ge": 1})
+    seed: int = 0
+    eval_every: int = field(default=10, metadata={"ge": 0})
+    """Held-out evaluation every this many steps (and at step 0); 0 = never."""
+    run_dir: str | None = None
+    """Holds metrics.jsonl, report.md, plots, checkpoints; null = Hydra's output directory."""
+    resume: str | None = None
+    """null (fresh run) | auto (latest checkpoint in run_dir if any) | a checkpoint path."""
+
+
+@dataclass
+class TrainConfig:
+    """Root of ``conf/config.yaml``."""
+
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    acr: MonitorConfig = field(default_factory=MonitorConfig)
+
+
+_BOUNDS = (
+    ("ge", operator.ge, ">="),
+    ("gt", operator.gt, ">"),
+    ("le", operator.le, "<="),
+    ("lt", operator.lt, "<"),
+)
+
+
+def validate(node: Any, path: str = "") -> None:
+    """Check every field of a dataclass tree against its metadata; raise :class:`ConfigError`."""
+    for f in fields(node):
+        key = f"{path}.{f.name}" if path else f.name
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            validate(value, key)
+            continue
+        if value is None:
+            continue
+        meta = f.metadata
+        choices = meta.get("choices")
+        if callable(choices):
+            choices = choices()
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
+        for name, holds, word in _BOUNDS:
+            if name in meta and not holds(value, meta[name]):
+                raise ConfigError(f"{key}: must be {word} {meta[name]}, got {value!r}")
+    check = getattr(node, "check", None)
+    if callable(check):
+        problem = check()
+        if problem:
+            raise ConfigError(f"{path or '<root>'}: {problem}")
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """Hydra's composed config -> a validated :class:`TrainConfig`."""
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, TrainConfig):
+        raise ConfigError(f"<root>: expected a TrainConfig, got {type(obj).__name__}")
+    validate(obj)
+    return obj
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+register_configs()

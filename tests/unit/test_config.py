@@ -1,0 +1,131 @@
+"""Hydra config: presets compose and validate; bad keys and values are rejected with their path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from launch.config import ConfigError, TrainConfig, to_train_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = str(ROOT / "conf")
+
+
+def load(*overrides: str) -> TrainConfig:
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return to_train_config(compose(config_name="config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "avspo"])
+def test_every_algorithm_preset_composes(name):
+    cfg = load(f"algorithm={name}")
+    assert cfg.algorithm.name == name and cfg.algorithm.estimator == name
+    assert (cfg.algorithm.trigger.policy == "adaptive") == (name == "avspo")
+
+
+def test_default_is_avspo_with_paper_values():
+    a = load().algorithm
+    assert (a.estimator, a.avspo.alpha, a.avspo.strategy, a.avspo.r_anchor) == (
+        "avspo",
+        0.5,
+        "stratified",
+        0.1,
+    )
+    assert (a.trigger.tau_adapt_0, a.trigger.eta, a.trigger.tau_min, a.trigger.tau_max) == (
+        0.5,
+        0.01,
+        0.1,
+        0.9,
+    )
+    assert (a.eps, a.tau, a.unbiased_std, a.loss.clip_low, a.loss.clip_high) == (
+        1e-6,
+        1e-6,
+        True,
+        0.2,
+        0.2,
+    )
+
+
+def test_overrides_apply():
+    cfg = load("algorithm.avspo.k=4", "algorithm.avspo.strategy=opposite", "trainer.total_steps=7")
+    assert (cfg.algorithm.avspo.k, cfg.algorithm.avspo.strategy, cfg.trainer.total_steps) == (
+        4,
+        "opposite",
+        7,
+    )
+
+
+def test_unknown_key_names_its_path():
+    with pytest.raises(ConfigCompositionException) as err:
+        load("algorithm.avspo.alhpa=0.3")
+    assert "algorithm.avspo.alhpa" in str(err.value)
+
+
+def test_wrong_type_names_its_path():
+    with pytest.raises(ConfigCompositionException) as err:
+        load("algorithm.avspo.alpha=abc")
+    assert "algorithm.avspo.alpha" in str(err.value.__cause__) + str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algorithm.avspo.alpha=-1", "algorithm.avspo.alpha: must be > 0.0"),
+        ("algorithm.avspo.strategy=foo", "algorithm.avspo.strategy: 'foo' is not one of"),
+        ("algorithm.estimator=ppo", "algorithm.estimator: 'ppo' is not one of"),
+        ("algorithm.loss.aggregation=sum", "algorithm.loss.aggregation: 'sum' is not one of"),
+        ("algorithm.trigger.policy=sometimes", "algorithm.trigger.policy"),
+        ("algorithm.trigger.tau_adapt_0=0.95", "algorithm.trigger: tau_adapt_0=0.95 outside"),
+        ("algorithm.avspo.k=0", "algorithm.avspo.k: must be >= 1"),
+        ("trainer.total_steps=0", "trainer.total_steps: must be >= 1"),
+        ("acr.ema_beta=1.0", "acr.ema_beta: must be < 1.0"),
+    ],
+)
+def test_bad_values_name_their_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load(override)
+
+
+@pytest.mark.slow
+def test_cli_rejects_bad_config_before_anything_starts(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.train",
+            "algorithm.avspo.alpha=-1",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2
+    assert (
+        bad.stderr.strip().splitlines()[-1]
+        == "config error: algorithm.avspo.alpha: must be > 0.0, got -1.0"
+    )
+    unknown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.train",
+            "algorithm.avspo.alhpa=1",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unknown.returncode != 0 and "algorithm.avspo.alhpa" in unknown.stderr
