@@ -56,6 +56,8 @@ class CollapseStats:
     acr_high: float  # collapsed with max(R_j) > r_lo, / groups
     acr_low: float  # collapsed with max(R_j) == r_lo, / groups
     batch_collapsed: bool  # every group collapsed
+    tau: float  # the collapse threshold these were computed with
+    r_lo: float  # the stratum floor these were computed with
     collapsed: Tensor  # [M] bool, groups in ascending id order
     high: Tensor  # [M] bool, collapsed & max(R_j) > r_lo
     # Kept for the advantage estimators, which need the same group statistics:
@@ -76,20 +78,20 @@ def collapse_stats(
     if groups.num == 0:
         raise ValueError("collapse_stats needs at least one reward")
     mean, m2 = segment_moments(rewards, groups)
-    if not bool(torch.isfinite(mean).all()):  # a NaN/inf reward makes its group's mean one
+    if not bool(torch.isfinite(mean.sum())):  # a NaN/inf reward makes its group's mean one
         _raise_non_finite(rewards)
     collapsed = collapsed_groups(m2, groups.size, tau)
     group_max = segment_max(rewards, groups)
-    above_floor = group_max > r_lo
-    high = collapsed & above_floor
-    low = collapsed & ~above_floor
+    high = collapsed & (group_max > r_lo)
     m = groups.num
-    n_collapsed = int(collapsed.sum())
+    n_collapsed, n_high = int(collapsed.sum()), int(high.sum())
     return CollapseStats(
         acr=n_collapsed / m,
-        acr_high=int(high.sum()) / m,
-        acr_low=int(low.sum()) / m,
+        acr_high=n_high / m,
+        acr_low=(n_collapsed - n_high) / m,
         batch_collapsed=n_collapsed == m,
+        tau=tau,
+        r_lo=r_lo,
         collapsed=collapsed,
         high=high,
         groups=groups,
@@ -165,14 +167,24 @@ class ACRMonitor:
         *,
         prompt_keys: list[str] | None = None,
         verifier_reasons: list[str] | None = None,
+        stats: CollapseStats | None = None,
     ) -> dict[str, float]:
         """Record one step; returns its ``acr/*`` (and ``reward/verifier_*``) metrics.
 
         ``prompt_keys`` (optional) names each group's prompt, in ascending group-id order, for
         the per-prompt collapse history. ``verifier_reasons`` (optional) are the verdict reasons
-        of the step's samples ("ok", "wrong", "no_answer", "timeout", "error").
+        of the step's samples ("ok", "wrong", "no_answer", "timeout", "error"). ``stats``
+        (optional) are the step's :func:`collapse_stats` already computed by the advantage
+        stage (``AdvantageResult.stats``); they are reused when computed with this monitor's
+        tau and r_lo, so the step's group statistics are computed once.
         """
-        stats = collapse_stats(rewards, group_ids, tau=self.cfg.tau, r_lo=self.cfg.r_lo)
+        reusable = (
+            stats is not None
+            and (stats.tau, stats.r_lo) == (self.cfg.tau, self.cfg.r_lo)
+            and int(stats.groups.size.sum()) == rewards.numel()
+        )
+        if not reusable:
+            stats = collapse_stats(rewards, group_ids, tau=self.cfg.tau, r_lo=self.cfg.r_lo)
         groups = stats.groups
         if advantages.shape != rewards.shape or response_lengths.shape != rewards.shape:
             raise ValueError("rewards, advantages and response_lengths must all have shape [N]")

@@ -125,7 +125,6 @@ def segment_moments(values: Tensor, groups: Groups) -> tuple[Tensor, Tensor]:
 def collapsed_groups(m2: Tensor, size: Tensor, tau: float) -> Tensor:
     """Collapse test of DESIGN.md section 4: ``sigma_pop < tau`` or a single sample -> ``[M]`` bool.
 
-    ``sigma_pop = sqrt(m2 / G)``; compared squared to avoid the square root.
+    ``sigma_pop = sqrt(m2 / G) < tau``, tested as ``m2 < tau^2 * G`` (no division or root).
     """
-    var_pop = m2 / size.to(m2.dtype)
-    return (var_pop < tau * tau) | (size <= 1)
+    return (m2 < (tau * tau) * size) | (size <= 1)

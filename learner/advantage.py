@@ -48,7 +48,6 @@ import torch
 from torch import Tensor
 
 from diagnostics.acr import CollapseStats, collapse_stats
-from diagnostics.groups import Groups
 
 STRATEGIES = ("stratified", "fixed", "random", "opposite")
 
@@ -64,19 +63,19 @@ class AdvantageResult:
     acr: float  # ACR_t of the real rewards
     k: Tensor = field(repr=False)  # [M] long, virtual samples per group (0 if not augmented)
     triggered: bool = False  # ACR_t > tau_adapt (AVSPO only)
-    groups: Groups = field(default=None, repr=False)  # the grouping the estimator used
+    stats: CollapseStats | None = field(default=None, repr=False)  # of the real rewards
 
     @property
     def group_index(self) -> Tensor:
         """``[N]`` long: group of each sample in 0..M-1 (ascending group id); built on demand."""
-        return self.groups.index
+        return self.stats.groups.index
 
 
 def _result(stats: CollapseStats, advantages: Tensor, **extra) -> AdvantageResult:
     m = stats.groups.num
     base = dict(
         advantages=advantages,
-        groups=stats.groups,
+        stats=stats,
         collapsed=stats.collapsed,
         augmented=torch.zeros(m, dtype=torch.bool),
         num_virtual=0,

@@ -161,3 +161,17 @@ def test_shape_mismatch_is_an_error():
         ACRMonitor().update(
             torch.ones(4), torch.zeros(4, dtype=torch.long), torch.ones(3), torch.ones(4)
         )
+
+
+def test_monitor_reuses_estimator_stats_only_when_compatible():
+    r = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    g = torch.tensor([0, 0, 1, 1, 2, 2])
+    res = avspo_advantages(r, g, tau_adapt=0.5)
+    lengths = torch.ones(6)
+    plain = ACRMonitor().update(r, g, res.advantages, lengths)
+    shared = ACRMonitor().update(r, g, res.advantages, lengths, stats=res.stats)
+    assert plain == shared
+    # Stats computed with another floor (r_lo = -1: nothing is "low") are not reused.
+    other = collapse_stats(r, g, r_lo=-1.0)
+    m = ACRMonitor().update(r, g, res.advantages, lengths, stats=other)
+    assert (m["acr/high"], m["acr/low"]) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
