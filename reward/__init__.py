@@ -1,1 +1,26 @@
-"""Tasks, answer extraction, process-isolated verifiers and intrinsic rewards."""
+"""Tasks, answer extraction, process-isolated verifiers and intrinsic rewards.
+
+>>> [v.reason for v in verify(["12+7=19", "12+7=18", "?"], ["19"] * 3, verifier="numeric")]
+['ok', 'wrong', 'no_answer']
+"""
+
+from __future__ import annotations
+
+from reward.verifiers import Verdict
+
+
+def verify(
+    responses: list[str], references: list[str], *, verifier: str = "math", timeout_s: float = 2.0
+) -> list[Verdict]:
+    """Score each response against its reference in killable worker processes (DESIGN.md 9).
+
+    Every item gets a wall-clock timeout; a timeout, crash or parse failure gives score 0 with
+    a reason ("timeout", "error", "no_answer", "wrong"); it never raises for bad model text and
+    works from any thread. Uses the process-wide :func:`reward.pool.default_pool`.
+    """
+    from reward.pool import default_pool
+
+    return default_pool().verify(responses, references, verifier=verifier, timeout_s=timeout_s)
+
+
+__all__ = ["Verdict", "verify"]

@@ -1,0 +1,124 @@
+"""The verifier pool: real worker processes, timeouts, memory cap, crashes, hostile model text."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from reward import verify
+from reward.pool import PoolConfig, VerifierPool
+
+MARGIN_S = 1.0  # allowed past an item's timeout: kill + bookkeeping on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def pool():
+    old = os.environ.get("AVSPO_VERIFIER_MODULES")
+    os.environ["AVSPO_VERIFIER_MODULES"] = "tests.reward.fault_verifiers"
+    p = VerifierPool(PoolConfig(num_workers=2, timeout_s=1.0, memory_mb=768))
+    yield p
+    p.close()
+    if old is None:
+        os.environ.pop("AVSPO_VERIFIER_MODULES")
+    else:
+        os.environ["AVSPO_VERIFIER_MODULES"] = old
+
+
+def test_results_in_order_across_workers(pool):
+    responses = [f"{i}+1={i + 1 if i % 3 else i}" for i in range(40)]
+    verdicts = pool.verify(responses, [str(i + 1) for i in range(40)], verifier="numeric")
+    # i % 3 == 0 answers i instead of i + 1 -> wrong (14 of 40: i = 0, 3, ..., 39)
+    assert [v.reason for v in verdicts] == ["wrong" if i % 3 == 0 else "ok" for i in range(40)]
+
+
+def test_timeout_kills_and_replaces_the_worker(pool):
+    before = pool.replaced
+    t0 = time.monotonic()
+    verdicts = pool.verify(["30", "0", "0"], ["", "", ""], verifier="_test_sleep", timeout_s=0.5)
+    elapsed = time.monotonic() - t0
+    assert [v.reason for v in verdicts] == ["timeout", "ok", "ok"]
+    assert elapsed < 0.5 + MARGIN_S
+    assert pool.replaced == before + 1
+    assert pool.verify(["1+1=2"], ["2"], verifier="numeric")[0].reason == "ok"  # still answers
+
+
+def test_memory_cap_gives_error_not_a_dead_parent(pool):
+    # 2 GiB > the 768 MiB cap: MemoryError inside the worker -> "error"; 16 MiB is fine.
+    verdicts = pool.verify(["2048", "16"], ["", ""], verifier="_test_alloc", timeout_s=5.0)
+    assert [v.reason for v in verdicts] == ["error", "ok"]
+    assert any("MemoryError" in e for e in pool.last_errors)
+
+
+def test_crash_and_exception_are_errors(pool):
+    before = pool.replaced
+    verdicts = pool.verify(["", ""], ["", ""], verifier="_test_crash")
+    assert [v.reason for v in verdicts] == ["error", "error"]
+    assert pool.replaced == before + 2
+    assert pool.verify(["1+1=2"], ["2"], verifier="numeric")[0].reason == "ok"
+    assert pool.verify([""], [""], verifier="_test_raise")[0].reason == "error"
+    assert pool.last_errors == ["RuntimeError: boom"]
+
+
+def test_unknown_verifier_and_length_mismatch_are_caller_errors(pool):
+    with pytest.raises(ValueError, match="unknown verifier"):
+        pool.verify(["1"], ["1"], verifier="nope")
+    with pytest.raises(ValueError, match="references"):
+        pool.verify(["1", "2"], ["1"], verifier="numeric")
+
+
+HOSTILE = {
+    "huge_answer": "The answer is " + "9" * 100_000,
+    "unclosed_boxes": r"\boxed{" * 5000,
+    "deep_frac": r"\boxed{" + r"\frac{1}{" * 3000 + "2" + "}" * 3001,
+    "tower_power": r"\boxed{9^{9^{9^9}}}",
+    "python_in_box": r"\boxed{__import__('os').system('touch PWNED_FILE')}",
+    "python_plain": "__import__('os').system('touch PWNED_FILE')",
+    "python_expr": "Answer: (lambda: __import__('os').system('touch PWNED_FILE'))()",
+    "nul_and_unicode": "a\x00b\u202e\u0661\u0662 \ufeff\U0001f600 \\boxed{\x00}",
+    "huge_power_in_sum": r"\boxed{2^{2^{2^{2^{2^{10}}}}} + 1}",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["math", "numeric"])
+def test_hostile_inputs_get_verdicts_in_time(kind, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a "touch" that ran would land here
+    timeout_s = 1.5
+    names = list(HOSTILE)
+    for name in names:  # one at a time, so each is timed on its own
+        t0 = time.monotonic()
+        (verdict,) = verify([HOSTILE[name]], ["31337"], verifier=kind, timeout_s=timeout_s)
+        elapsed = time.monotonic() - t0
+        assert verdict.score == 0.0, name
+        assert verdict.reason in {"wrong", "no_answer", "timeout", "error"}, name
+        assert elapsed < timeout_s + MARGIN_S, (name, elapsed)
+    assert not list(tmp_path.iterdir()), "a hostile answer created a file"
+    assert not os.path.exists(os.path.join(os.getcwd(), "PWNED_FILE"))
+    # and the pool still answers normal items, in order
+    ok = verify(["12+7=19", r"\boxed{\frac{1}{2}}"], ["19", "0.5"], verifier=kind)
+    assert [v.reason for v in ok] == ["ok", "ok"]
+
+
+@pytest.mark.slow
+def test_verify_from_a_worker_thread():
+    out: list = []
+    errors: list = []
+
+    def run():
+        try:
+            out.append(verify(["1+1=2", r"\boxed{\frac{1}{2}}"], ["2", "0.5"], verifier="math"))
+            out.append(verify([HOSTILE["tower_power"]], ["1"], verifier="math", timeout_s=1.0))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert len(out) == 4
+    assert sum(v[0].reason == "ok" for v in out) == 2
