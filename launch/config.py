@@ -17,7 +17,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from diagnostics.acr import MonitorConfig
+from launch.bootstrap import ModelConfig
 from learner.config import AlgorithmConfig
+from reward.tasks import TaskConfig
 
 
 class ConfigError(ValueError):
@@ -43,6 +45,8 @@ class TrainConfig:
     """Root of ``conf/config.yaml``."""
 
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     acr: MonitorConfig = field(default_factory=MonitorConfig)
 

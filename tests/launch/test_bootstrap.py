@@ -1,0 +1,163 @@
+"""The embedded default policy and the offline SmolLM2 conversion: built from nothing, cached,
+rebuilt when corrupt, loadable by transformers, and (tiny) partially able to do arithmetic."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from launch.bootstrap import MANIFEST, ModelConfig, built_facts, ensure_model, is_complete
+from launch.tiny_model import TinyConfig, build_tokenizer, sampled_accuracy
+from reward.arithmetic import sample_problems
+
+# A smaller, faster variant than the default (conf/model/tiny.yaml: 3.4M parameters, 500 steps,
+# ~45% pass@1 at temperature 1 on L3). This one: 0.86M parameters, 350 steps on L0-L2 (~20 s).
+QUIET = lambda *_: None  # noqa: E731  (a log function that prints nothing)
+
+SMALL = TinyConfig(
+    hidden_size=128,
+    num_layers=4,
+    num_heads=4,
+    intermediate_size=384,
+    sft_steps=350,
+    sft_batch_size=128,
+    sft_lr=3e-3,
+    sft_levels=[0, 1, 2],
+    seed=0,
+)
+
+
+def test_tokenizer_round_trip_and_specials():
+    tok = build_tokenizer()
+    ids = tok("12+7=")["input_ids"]
+    assert ids[0] == tok.bos_token_id and len(ids) == 6  # <s> 1 2 + 7 =
+    assert tok.decode(ids, skip_special_tokens=True) == "12+7="
+    assert tok.convert_ids_to_tokens(tok.eos_token_id) == "</s>"
+    assert tok("a")["input_ids"][1] == tok.unk_token_id  # unknown characters map to <unk>
+    assert tok.apply_chat_template([{"role": "user", "content": "3+4="}], tokenize=False) == "3+4="
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("models")
+    folder = ensure_model(ModelConfig(source="tiny", cache_dir=str(cache), tiny=SMALL), log=QUIET)
+    return cache, folder
+
+
+@pytest.mark.slow
+def test_tiny_builds_offline_and_loads_back(small_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, folder = small_model
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert model.config.hidden_size // model.config.num_attention_heads >= 32  # vLLM CPU
+    assert model.config.vocab_size <= 64 and model.config.tie_word_embeddings
+    facts = built_facts(folder)
+    assert facts["parameters"] == sum(p.numel() for p in model.parameters())
+    # A well-formed answer: digits (maybe a sign) then EOS, well within the token budget.
+    enc = tok(["3+4=", "12+7="], return_tensors="pt", padding=True)
+    out = model.generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)
+    for row in out[:, enc["input_ids"].shape[1] :]:
+        assert tok.eos_token_id in row.tolist()
+        text = tok.decode(row, skip_special_tokens=True)
+        assert re.fullmatch(r"-?\d{1,4}", text), text
+
+
+@pytest.mark.slow
+def test_tiny_accuracy_is_partial(small_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, folder = small_model
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    # L2 held-out (two digits + one digit, 99 problems): measured 0.485 at temperature 1 for this
+    # seeded variant; the band is the issue's "roughly 20-60%", so groups come out mixed.
+    acc = sampled_accuracy(model, tok, sample_problems(2, 200, split="test", seed=0))
+    assert 0.2 <= acc <= 0.6, acc
+    # and L0 (one-digit sums) is mostly learned, L6 is not: the levels do order difficulty
+    easy = sampled_accuracy(model, tok, sample_problems(0, 200, split="test", seed=0))
+    hard = sampled_accuracy(model, tok, sample_problems(6, 200, split="test", seed=0))
+    assert easy > acc > hard
+
+
+@pytest.mark.slow
+def test_cache_is_reused_and_a_corrupt_build_is_rebuilt(small_model):
+    cache, folder = small_model
+    manifest = (folder_path := __import__("pathlib").Path(folder)) / MANIFEST
+    stamp = manifest.stat().st_mtime_ns
+    assert (
+        ensure_model(ModelConfig(source="tiny", cache_dir=str(cache), tiny=SMALL), log=QUIET)
+        == folder
+    )
+    assert manifest.stat().st_mtime_ns == stamp  # not rebuilt
+    weights = folder_path / "model.safetensors"
+    original = weights.read_bytes()
+    weights.write_bytes(original[: len(original) // 2])  # a truncated copy
+    assert not is_complete(folder_path)
+    logs = []
+    again = ensure_model(
+        ModelConfig(source="tiny", cache_dir=str(cache), tiny=SMALL), log=logs.append
+    )
+    assert again == folder and is_complete(folder_path)
+    assert any("incomplete or corrupt" in line for line in logs)
+    # seeded and deterministic: the rebuild is bit-identical
+    assert weights.read_bytes() == original
+
+
+def test_a_killed_build_leaves_no_complete_looking_folder(tmp_path):
+    from launch.bootstrap import build_cached
+
+    def dies(folder):
+        (folder / "model.safetensors").write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_cached(tmp_path, "tiny-x", dies, log=QUIET)
+    assert not (tmp_path / "tiny-x").exists()
+    manifest_less = tmp_path / "tiny-y"
+    manifest_less.mkdir()
+    (manifest_less / "model.safetensors").write_bytes(b"x")
+    assert not is_complete(manifest_less)
+    bad_manifest = tmp_path / "tiny-z"
+    bad_manifest.mkdir()
+    (bad_manifest / MANIFEST).write_text(json.dumps({"files": {}, "sha256": {}}))
+    assert not is_complete(bad_manifest)
+
+
+def test_changed_config_gets_its_own_folder(tmp_path):
+    from launch.bootstrap import _key
+
+    a = _key("tiny", {"hidden_size": 128})
+    assert a == _key("tiny", {"hidden_size": 128}) and a != _key("tiny", {"hidden_size": 256})
+
+
+def test_path_source_needs_a_path():
+    with pytest.raises(ValueError, match="model.path"):
+        ensure_model(ModelConfig(source="path"))
+    assert ensure_model(ModelConfig(source="path", path="/some/dir")) == "/some/dir"
+
+
+@pytest.mark.slow
+def test_smollm2_converts_offline_and_answers_in_text(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = ensure_model(ModelConfig(source="smollm2", cache_dir=str(tmp_path)), log=QUIET)
+    assert built_facts(folder)["parameters"] > 130e6
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    assert tok.chat_template
+    enc = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    out = model.generate(**enc, max_new_tokens=16, do_sample=False)
+    text = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    words = re.findall(r"[A-Za-z]{2,}", text)
+    assert len(words) >= 3, text  # real words, not byte soup
+    assert "Paris" in text, text
