@@ -14,7 +14,7 @@ from launch.tiny_model import TinyConfig, build_tokenizer, sampled_accuracy
 from reward.arithmetic import sample_problems
 
 # A smaller, faster variant than the default (conf/model/tiny.yaml: 3.4M parameters, 500 steps,
-# ~45% pass@1 at temperature 1 on L3). This one: 0.86M parameters, 350 steps on L0-L2 (~20 s).
+# ~40% pass@1 at temperature 1 on L3). This one: 0.86M parameters, 350 steps on L0-L2 (~20 s).
 QUIET = lambda *_: None  # noqa: E731  (a log function that prints nothing)
 
 SMALL = TinyConfig(
