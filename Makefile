@@ -41,6 +41,7 @@ bench: setup
 	$(BIN)/python tests/benchmarks/bench_advantage.py
 	$(BIN)/python tests/benchmarks/bench_advantage.py --shuffle
 	$(BIN)/python tests/benchmarks/bench_verifier.py
+	$(BIN)/python tests/benchmarks/bench_rollout.py
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache

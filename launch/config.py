@@ -20,6 +20,7 @@ from diagnostics.acr import MonitorConfig
 from launch.bootstrap import ModelConfig
 from learner.config import AlgorithmConfig
 from reward.tasks import TaskConfig
+from rollout.config import RolloutConfig
 
 
 class ConfigError(ValueError):
@@ -47,6 +48,7 @@ class TrainConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     acr: MonitorConfig = field(default_factory=MonitorConfig)
 

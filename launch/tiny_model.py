@@ -30,16 +30,16 @@ VOCAB_SIZE = 32  # 19 used; rounded up
 class TinyConfig:
     """Architecture and warm start of the tiny model (``conf/model/tiny.yaml``)."""
 
-    hidden_size: int = field(default=128, metadata={"ge": 32})
+    hidden_size: int = field(default=256, metadata={"ge": 32})
     num_layers: int = field(default=4, metadata={"ge": 1})
-    num_heads: int = field(default=4, metadata={"ge": 1})
+    num_heads: int = field(default=8, metadata={"ge": 1})
     """hidden_size / num_heads must be >= 32 for vLLM's CPU attention."""
-    intermediate_size: int = field(default=384, metadata={"ge": 1})
+    intermediate_size: int = field(default=768, metadata={"ge": 1})
     max_positions: int = field(default=64, metadata={"ge": 16})
-    sft_steps: int = field(default=600, metadata={"ge": 0})
+    sft_steps: int = field(default=500, metadata={"ge": 0})
     sft_batch_size: int = field(default=128, metadata={"ge": 1})
-    sft_lr: float = field(default=3e-3, metadata={"gt": 0.0})
-    sft_levels: list[int] = field(default_factory=lambda: [0, 1, 2])
+    sft_lr: float = field(default=2e-3, metadata={"gt": 0.0})
+    sft_levels: list[int] = field(default_factory=lambda: [0, 1, 2, 3])
     """Arithmetic levels mixed (uniformly) in the warm start."""
     seed: int = 0
 

@@ -5,7 +5,7 @@
 ``reasoning_gym`` (procedural tasks with their own scorers). A bad data row is an error naming
 the file, row and reason, or is skipped and counted (``on_bad_row: skip``).
 
->>> task = make_task(TaskConfig(difficulty=1, num_train=5, num_test=3))
+>>> task = make_task(TaskConfig(difficulty=1, num_train=5, num_test=3))  # default level: 3
 >>> task.name, task.verifier, task.reward_range, len(task.train), len(task.test)
 ('arithmetic', 'numeric', (0.0, 1.0), 5, 3)
 >>> task.train[0].prompt, task.train[0].answer
@@ -65,7 +65,7 @@ class TaskConfig:
     num_train: int = field(default=4096, metadata={"ge": 1})
     """Problems to generate (arithmetic, reasoning_gym), or a cap on rows read (files)."""
     num_test: int = field(default=256, metadata={"ge": 1})
-    difficulty: int = field(default=1, metadata={"ge": 0, "le": LEVELS - 1})
+    difficulty: int = field(default=3, metadata={"ge": 0, "le": LEVELS - 1})
     """Arithmetic level L0..L6."""
     train_file: str | None = None
     test_file: str | None = None

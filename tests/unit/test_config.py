@@ -129,3 +129,19 @@ def test_cli_rejects_bad_config_before_anything_starts(tmp_path):
         timeout=120,
     )
     assert unknown.returncode != 0 and "algorithm.avspo.alhpa" in unknown.stderr
+
+
+def test_dataclass_defaults_are_the_embedded_default_presets():
+    """One source of truth: the schema's defaults equal conf/*/ presets of the default run, so
+    code that builds a config without Hydra gets the same run as `python -m launch.train`."""
+    from dataclasses import asdict
+
+    from launch.bootstrap import ModelConfig
+    from reward.tasks import TaskConfig
+    from rollout.config import RolloutConfig
+
+    cfg = load()
+    assert asdict(cfg) == asdict(TrainConfig(rollout=RolloutConfig(max_model_len=64)))
+    assert asdict(cfg.model) == asdict(ModelConfig())
+    assert asdict(cfg.task) == asdict(TaskConfig())
+    assert asdict(cfg.rollout) == asdict(RolloutConfig(max_model_len=64))

@@ -1,0 +1,43 @@
+"""Ray helpers shared by every stage: spawn a group of actors, and wait on them with a timeout.
+
+Only actor wrappers and the driver import Ray (DESIGN.md section 3); algorithm code never does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+
+class ActorGroupError(RuntimeError):
+    """A remote call failed: an actor died or did not answer in time."""
+
+
+def spawn_actor_group(
+    cls: type,
+    count: int,
+    *args: Any,
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    runtime_env: dict | None = None,
+    **kwargs: Any,
+) -> list:
+    """``count`` actors of ``cls`` (a plain class, wrapped here), each with the given resources."""
+    remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=runtime_env)(cls)
+    return [remote_cls.options(max_restarts=0).remote(*args, **kwargs) for _ in range(count)]
+
+
+def get(refs: list, *, timeout_s: float, what: str) -> list:
+    """``ray.get`` with a timeout and a clear error naming ``what`` failed."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except GetTimeoutError:
+        for ref in refs:
+            with contextlib.suppress(Exception):  # best effort; the caller stops anyway
+                ray.cancel(ref)
+        raise ActorGroupError(f"{what}: no answer within {timeout_s:.0f} s") from None
+    except RayActorError as err:
+        raise ActorGroupError(f"{what}: an actor died ({type(err).__name__}: {err})") from err

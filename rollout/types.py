@@ -1,0 +1,43 @@
+"""Record types of the rollout stage: what a generation request asks and what comes back.
+
+Plain dataclasses of Python values (token ids, floats, strings), cheap to send through Ray.
+``logprobs`` are the log-probabilities of the sampled tokens under the generating policy's
+*unmodified* distribution (temperature 1, no top-p), i.e. what the learner recomputes for the
+PPO ratio; both engines follow this convention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling parameters of one generation call (``rollout.sampling`` in the config)."""
+
+    n: int = field(default=8, metadata={"ge": 1})
+    """Samples per prompt (the group size G)."""
+    temperature: float = field(default=1.0, metadata={"ge": 0.0})
+    """0 = greedy."""
+    top_p: float = field(default=1.0, metadata={"gt": 0.0, "le": 1.0})
+    max_new_tokens: int = field(default=8, metadata={"ge": 1})
+    seed: int | None = None
+    """Seed of the call; the same seed, prompts and weights give the same samples."""
+
+
+@dataclass
+class Sample:
+    response_ids: list[int]  # generated tokens, EOS included when generation stopped on it
+    logprobs: list[float]  # one per response token
+    text: str  # decoded response without special tokens
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    policy_version: int  # weights version that produced it
+
+
+@dataclass
+class Group:
+    """The n samples of one prompt."""
+
+    prompt: str
+    prompt_ids: list[int]
+    samples: list[Sample]

