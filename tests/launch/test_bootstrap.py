@@ -3,6 +3,7 @@ rebuilt when corrupt, loadable by transformers, and (tiny) partially able to do 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -10,24 +11,15 @@ import pytest
 import torch
 
 from launch.bootstrap import MANIFEST, ModelConfig, built_facts, ensure_model, is_complete
-from launch.tiny_model import TinyConfig, build_tokenizer, sampled_accuracy
+from launch.tiny_model import build_tokenizer, sampled_accuracy
 from reward.arithmetic import sample_problems
+from tests.conftest import FAST_TINY
 
 # A smaller, faster variant than the default (conf/model/tiny.yaml: 3.4M parameters, 500 steps,
 # ~40% pass@1 at temperature 1 on L3). This one: 0.86M parameters, 350 steps on L0-L2 (~20 s).
 QUIET = lambda *_: None  # noqa: E731  (a log function that prints nothing)
 
-SMALL = TinyConfig(
-    hidden_size=128,
-    num_layers=4,
-    num_heads=4,
-    intermediate_size=384,
-    sft_steps=350,
-    sft_batch_size=128,
-    sft_lr=3e-3,
-    sft_levels=[0, 1, 2],
-    seed=0,
-)
+SMALL = dataclasses.replace(FAST_TINY, sft_steps=350)
 
 
 def test_tokenizer_round_trip_and_specials():

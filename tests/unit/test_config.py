@@ -92,42 +92,24 @@ def test_bad_values_name_their_key(override, message):
         load(override)
 
 
+def run_train(*overrides: str, run_dir) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "launch.train", *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.slow
 def test_cli_rejects_bad_config_before_anything_starts(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launch.train",
-            "algorithm.avspo.alpha=-1",
-            f"hydra.run.dir={tmp_path}",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = run_train("algorithm.avspo.alpha=-1", run_dir=tmp_path)
     assert bad.returncode == 2
-    assert (
-        bad.stderr.strip().splitlines()[-1]
-        == "config error: algorithm.avspo.alpha: must be > 0.0, got -1.0"
-    )
-    unknown = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launch.train",
-            "algorithm.avspo.alhpa=1",
-            f"hydra.run.dir={tmp_path}",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last == "config error: algorithm.avspo.alpha: must be > 0.0, got -1.0"
+    unknown = run_train("algorithm.avspo.alhpa=1", run_dir=tmp_path)
     assert unknown.returncode != 0 and "algorithm.avspo.alhpa" in unknown.stderr
 
 
