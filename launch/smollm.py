@@ -37,7 +37,7 @@ def convert_smollm2(out_dir: Path, log=print) -> dict:
     log(f"converting {gguf.name} to safetensors in {out_dir}")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
     config = LlamaConfig(
         **{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"}

@@ -89,7 +89,7 @@ def build_model(cfg: TinyConfig, tokenizer):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     return LlamaForCausalLM(config)
 

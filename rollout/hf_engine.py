@@ -21,7 +21,7 @@ class HFEngine:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, torch_dtype=getattr(torch, dtype)
+            model_path, dtype=getattr(torch, dtype)
         ).to(device)
         self.model.eval()
         self.device = device
@@ -34,14 +34,15 @@ class HFEngine:
         if params.seed is not None:
             torch.manual_seed(params.seed)
         greedy = params.temperature == 0
+        # n copies of each prompt (transformers refuses num_return_sequences > 1 when greedy)
+        batch = {k: v.repeat_interleave(params.n, dim=0) for k, v in enc.items()}
         out = self.model.generate(
-            **enc,
+            **batch,
             max_new_tokens=params.max_new_tokens,
             do_sample=not greedy,
             temperature=None if greedy else params.temperature,
             top_p=None if greedy else params.top_p,
             top_k=None,
-            num_return_sequences=params.n,
             output_logits=True,
             return_dict_in_generate=True,
             pad_token_id=tok.pad_token_id,

@@ -140,7 +140,7 @@ def test_smollm2_converts_offline_and_answers_in_text(tmp_path):
     folder = ensure_model(ModelConfig(source="smollm2", cache_dir=str(tmp_path)), log=QUIET)
     assert built_facts(folder)["parameters"] > 130e6
     tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     assert tok.chat_template
     enc = tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
