@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from diagnostics.acr import MonitorConfig
 from launch.bootstrap import ModelConfig
-from learner.config import AlgorithmConfig
+from learner.config import AlgorithmConfig, LearnerConfig
 from reward.tasks import TaskConfig
 from rollout.config import RolloutConfig
 
@@ -49,6 +49,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     acr: MonitorConfig = field(default_factory=MonitorConfig)
 

@@ -45,3 +45,29 @@ class AlgorithmConfig:
     avspo: AvspoConfig = field(default_factory=AvspoConfig)
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+
+
+@dataclass
+class LearnerConfig:
+    """The ``learner`` group (``conf/learner/*.yaml``): DeepSpeed ranks and the PPO update."""
+
+    num_ranks: int = field(default=2, metadata={"ge": 1})
+    zero_stage: int = field(default=2, metadata={"ge": 1, "le": 3})
+    """DeepSpeed ZeRO stage 1-3 (their fp32 optimizers skip a step whose grad norm is not
+    finite, which the non-finite guarantee relies on)."""
+    lr: float = field(default=1e-4, metadata={"gt": 0.0})
+    weight_decay: float = field(default=0.0, metadata={"ge": 0.0})
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    adam_eps: float = field(default=1e-8, metadata={"gt": 0.0})
+    warmup_steps: int = field(default=0, metadata={"ge": 0})
+    """Linear LR warmup over this many optimizer steps, then constant."""
+    grad_clip: float = field(default=1.0, metadata={"gt": 0.0})
+    micro_batch_size: int = field(default=32, metadata={"ge": 1})
+    """Samples per forward/backward on one rank."""
+    mini_batch_size: int | None = field(default=None, metadata={"ge": 1})
+    """Samples per optimizer step over all ranks; null = the whole step's batch."""
+    ppo_epochs: int = field(default=1, metadata={"ge": 1})
+    num_cpus_per_rank: float = field(default=1.0, metadata={"ge": 0.0})
+    num_gpus_per_rank: float = field(default=0.0, metadata={"ge": 0.0})
+    timeout_s: float = field(default=900.0, metadata={"gt": 0.0})
+    seed: int = 0
