@@ -9,9 +9,12 @@ with the mini-batch's global token and sequence counts. Every remote wait has a 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from diagnostics.acr import ACRMonitor, MonitorConfig
+from learner import checkpoint
 from learner.advantage_stage import AdvantageStage
 from learner.batch import TrainBatch, build_batch, shard_by_tokens
 from learner.config import AlgorithmConfig, LearnerConfig
@@ -137,6 +140,37 @@ class LearnerGroup:
             what="weight export",
         )
         return states if every_rank else states[0]
+
+    def save_checkpoint(self, root: str, step: int, extra: dict | None = None) -> str:
+        """A complete checkpoint of the learner (all ranks) with the advantage stage's and the
+        ACR monitor's state and ``extra`` (the driver's: data position, RNG) in the sidecar."""
+        tmp = checkpoint.staging_dir(root, step)
+        get(
+            [r.save.remote(str(tmp)) for r in self.ranks],
+            timeout_s=self.cfg.timeout_s,
+            what="saving a learner checkpoint",
+        )
+        state = {
+            "step": step,
+            "advantage_stage": self.stage.state_dict(),
+            "acr_monitor": self.monitor.state_dict(),
+            "extra": extra or {},
+        }
+        return str(checkpoint.commit(root, step, tmp, state))
+
+    def load_checkpoint(self, folder: str) -> dict:
+        """Restore ranks, advantage stage and monitor; returns the sidecar (step, extra)."""
+        path = Path(folder)
+        checkpoint.check_complete(path)
+        get(
+            [r.load.remote(str(path)) for r in self.ranks],
+            timeout_s=self.cfg.timeout_s,
+            what="loading a learner checkpoint",
+        )
+        state = checkpoint.read_state(path)
+        self.stage.load_state_dict(state["advantage_stage"])
+        self.monitor.load_state_dict(state["acr_monitor"])
+        return state
 
     def shutdown(self) -> None:
         import ray

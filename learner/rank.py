@@ -157,3 +157,26 @@ class LearnerRank:
             with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
                 return snapshot()
         return snapshot()
+
+    def save(self, folder: str) -> None:
+        """DeepSpeed's own checkpoint (model shards, optimizer, scheduler) under
+        ``folder/deepspeed`` on every rank, and an HF model (safetensors) in ``folder/model``
+        written by rank 0. Every rank must call this at the same time."""
+        self.engine.save_checkpoint(folder, tag="deepspeed", save_latest=False)
+        state = self.export_weights()
+        if self.rank == 0:
+            from transformers import AutoTokenizer
+
+            self.engine.module.save_pretrained(
+                os.path.join(folder, "model"), state_dict=state, safe_serialization=True
+            )
+            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(
+                os.path.join(folder, "model")
+            )
+
+    def load(self, folder: str) -> None:
+        path, _ = self.engine.load_checkpoint(
+            folder, tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint in {folder}")
