@@ -96,6 +96,7 @@ class LearnerGroup:
             "actor/pg_loss": sum(m["loss"] for m in results) / self.cfg.ppo_epochs,
             "actor/pg_clipfrac": sum(m["pg_clipfrac"] for m in results) / tokens,
             "actor/approx_kl": sum(m["approx_kl"] for m in results) / tokens,
+            "actor/ref_kl": sum(m["ref_kl"] for m in results) / tokens,
             "actor/grad_norm": first["grad_norm"],
             "actor/lr": first["lr"],
             "actor/skipped_steps": float(first["skipped_steps"]),

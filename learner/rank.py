@@ -92,6 +92,14 @@ class LearnerRank:
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
         )
         self.skipped = 0
+        # A frozen reference policy for the KL term, only when it is used (kl_coef > 0): a full
+        # replica per rank (fine for small models; large ones want a ZeRO-3 inference engine).
+        self.reference = None
+        if self.loss_cfg.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=getattr(torch, self.dtype)
+            ).eval()
+            self.reference.requires_grad_(False)
         return self.rank
 
     def train(self, minibatches: list[TrainBatch], totals: list[tuple[float, float]]) -> dict:
@@ -99,7 +107,7 @@ class LearnerRank:
         mini-batch i over all ranks. Returns this rank's metrics (sums, for the group to add)."""
         t0 = time.perf_counter()
         engine, cfg = self.engine, self.cfg
-        sums = {"loss": 0.0, "pg_clipfrac": 0.0, "approx_kl": 0.0, "tokens": 0.0}
+        sums = {"loss": 0.0, "pg_clipfrac": 0.0, "approx_kl": 0.0, "ref_kl": 0.0, "tokens": 0.0}
         steps = skipped = 0
         grad_norms = []
         for batch, (total_tokens, total_seqs) in zip(minibatches, totals, strict=True):
@@ -107,6 +115,13 @@ class LearnerRank:
                 mb = batch.select(list(range(start, min(start + cfg.micro_batch_size, len(batch)))))
                 logits = engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
                 logp = token_logprobs(logits, mb.input_ids)
+                ref_logp = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref_logits = self.reference(
+                            input_ids=mb.input_ids, attention_mask=mb.attention_mask
+                        ).logits
+                    ref_logp = token_logprobs(ref_logits, mb.input_ids)
                 out = policy_loss(
                     logp,
                     mb.old_logprobs,
@@ -117,6 +132,8 @@ class LearnerRank:
                     clip_ratio_c=self.loss_cfg.clip_ratio_c,
                     aggregation=self.loss_cfg.aggregation,
                     norm_len=self.loss_cfg.norm_len,
+                    ref_logprobs=ref_logp,
+                    kl_coef=self.loss_cfg.kl_coef,
                     total_tokens=total_tokens,
                     total_seqs=total_seqs,
                 )
@@ -125,6 +142,7 @@ class LearnerRank:
                 sums["loss"] += float(out.loss)
                 sums["pg_clipfrac"] += float(out.metrics["pg_clipfrac"]) * tokens
                 sums["approx_kl"] += float(out.metrics["approx_kl"]) * tokens
+                sums["ref_kl"] += float(out.metrics.get("ref_kl", 0.0)) * tokens
                 sums["tokens"] += tokens
             engine.step()
             steps += 1

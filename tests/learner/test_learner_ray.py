@@ -293,3 +293,35 @@ def test_one_rank_and_two_ranks_give_the_same_update(ray_cluster, tiny_model_dir
     # summation order (see the Adam eps note above)
     for k in states[0]:
         assert torch.allclose(states[0][k], states[1][k], atol=1e-7, rtol=1e-6), k
+
+
+@pytest.mark.slow
+def test_kl_to_the_reference_model(ray_cluster, tiny_model_dir):
+    """kl_coef > 0 loads a frozen reference: KL is 0 (and so is its gradient) while the policy
+    equals it; after one update the KL is positive and changes the next update."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.loss import LossConfig
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    _, first = _batch(model, seed=3)
+    _, second = _batch(model, seed=4)
+    results = {}
+    for kl in (0.0, 0.5):
+        cfg = LearnerConfig(
+            num_ranks=2, zero_stage=2, lr=1e-2, micro_batch_size=4, adam_eps=1e-3, timeout_s=600
+        )
+        group = LearnerGroup(cfg, AlgorithmConfig(loss=LossConfig(kl_coef=kl)), tiny_model_dir)
+        try:
+            m1 = group.train_on(first)
+            after_first = group.export_weights()
+            m2 = group.train_on(second)
+            results[kl] = (m1, after_first, m2, group.export_weights())
+        finally:
+            group.shutdown()
+    (_, w1_0, _, w2_0), (m1_k, w1_k, m2_k, w2_k) = results[0.0], results[0.5]
+    assert m1_k["actor/ref_kl"] == pytest.approx(0.0, abs=1e-9)
+    for k in w1_0:  # first update: no KL gradient at policy == reference
+        assert torch.allclose(w1_0[k], w1_k[k], atol=1e-7, rtol=1e-6), k
+    assert m2_k["actor/ref_kl"] > 1e-6
+    assert any(not torch.allclose(w2_0[k], w2_k[k], atol=1e-6) for k in w2_0)
