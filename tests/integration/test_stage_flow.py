@@ -15,26 +15,7 @@ from reward import verify
 from reward.tasks import TaskConfig, make_task
 from rollout.hf_engine import HFEngine
 from rollout.types import SamplingConfig
-
-SECTION5 = {
-    "acr/raw",
-    "acr/high",
-    "acr/low",
-    "acr/effective",
-    "acr/batch_collapsed",
-    "acr/ema",
-    "acr/window",
-    "acr/volatility",
-    "acr/acr100",
-    "acr/wasted_token_frac",
-    "avspo/triggered",
-    "avspo/tau_adapt",
-    "avspo/k",
-    "avspo/virtual_samples",
-    "avspo/groups_augmented",
-    "reward/verifier_error_frac",
-    "reward/verifier_timeout_frac",
-}
+from tests.metric_names import SECTION5
 
 
 def _step(engine, problems, cfg: AlgorithmConfig):

@@ -10,20 +10,8 @@ import torch
 
 from diagnostics.acr import ACRMonitor, MonitorConfig, collapse_stats, verifier_metrics
 from learner.advantage import avspo_advantages, grpo_advantages
+from tests.metric_names import ACR as SECTION5
 from tests.reference import ref_collapse
-
-SECTION5 = {
-    "acr/raw",
-    "acr/high",
-    "acr/low",
-    "acr/effective",
-    "acr/batch_collapsed",
-    "acr/ema",
-    "acr/window",
-    "acr/volatility",
-    "acr/acr100",
-    "acr/wasted_token_frac",
-}
 
 
 def test_collapse_stats_strata_by_hand():
