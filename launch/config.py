@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from diagnostics.acr import MonitorConfig
 from launch.bootstrap import ModelConfig
 from learner.config import AlgorithmConfig, LearnerConfig
+from reward.pool import PoolConfig
 from reward.tasks import TaskConfig
 from rollout.config import RolloutConfig
 
@@ -34,7 +35,9 @@ class TrainerConfig:
     total_steps: int = field(default=50, metadata={"ge": 1})
     seed: int = 0
     eval_every: int = field(default=10, metadata={"ge": 0})
-    """Held-out evaluation every this many steps (and at step 0); 0 = never."""
+    """Held-out evaluation every this many steps (and at step 0 and the last step); 0 = never."""
+    prompts_per_step: int = field(default=16, metadata={"ge": 1})
+    """Prompts sampled per step; each gets rollout.sampling.n samples (one group)."""
     run_dir: str | None = None
     """Holds metrics.jsonl, report.md, plots, checkpoints; null = Hydra's output directory."""
     resume: str | None = None
@@ -50,6 +53,7 @@ class TrainConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    verifier: PoolConfig = field(default_factory=PoolConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     acr: MonitorConfig = field(default_factory=MonitorConfig)
 

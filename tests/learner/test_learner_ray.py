@@ -305,3 +305,24 @@ def test_kl_to_the_reference_model(ray_cluster, tiny_model_dir):
         assert torch.allclose(w1_0[k], w1_k[k], atol=1e-7, rtol=1e-6), k
     assert m2_k["actor/ref_kl"] > 1e-6
     assert any(not torch.allclose(w2_0[k], w2_k[k], atol=1e-6) for k in w2_0)
+
+
+@pytest.mark.slow
+def test_update_moves_log_probs_in_the_advantages_direction(learner, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    _, batch = _batch(model, seed=11)
+    batch.advantages = torch.tensor([1.0, -1.0] * (len(batch) // 2))
+
+    def seq_logprobs(state):
+        model.load_state_dict(state)
+        with torch.no_grad():
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        return (token_logprobs(logits, batch.input_ids) * batch.response_mask).sum(1)
+
+    before = seq_logprobs(_weights(learner))
+    learner.train_on(batch)
+    delta = seq_logprobs(_weights(learner)) - before
+    # positive-advantage responses became more likely, negative ones less, on average
+    assert delta[batch.advantages > 0].mean() > 0 > delta[batch.advantages < 0].mean()

@@ -1,0 +1,24 @@
+"""The verifier pool behind a Ray actor: the driver sends a step's responses, the actor scores
+them in its killable worker processes (reward/pool.py) and returns verdicts."""
+
+from __future__ import annotations
+
+from reward.pool import PoolConfig, VerifierPool
+from reward.verifiers import Verdict
+
+
+class VerifierActor:
+    def __init__(self, cfg: PoolConfig):
+        self.pool = VerifierPool(cfg)
+
+    def verify(
+        self,
+        responses: list[str],
+        references: list[str],
+        verifier: str,
+        timeout_s: float | None = None,
+    ) -> list[Verdict]:
+        return self.pool.verify(responses, references, verifier=verifier, timeout_s=timeout_s)
+
+    def replaced(self) -> int:
+        return self.pool.replaced
