@@ -52,9 +52,9 @@ class LearnerConfig:
     """The ``learner`` group (``conf/learner/*.yaml``): DeepSpeed ranks and the PPO update."""
 
     num_ranks: int = field(default=2, metadata={"ge": 1})
-    zero_stage: int = field(default=2, metadata={"ge": 1, "le": 3})
-    """DeepSpeed ZeRO stage 1-3 (their fp32 optimizers skip a step whose grad norm is not
-    finite, which the non-finite guarantee relies on)."""
+    zero_stage: int = field(default=2, metadata={"ge": 0, "le": 3})
+    """DeepSpeed ZeRO stage 0-3. Stages 1-3 skip a step whose grad norm is not finite by
+    themselves; for stage 0 the rank checks its gradients and all ranks skip together."""
     lr: float = field(default=1e-4, metadata={"gt": 0.0})
     weight_decay: float = field(default=0.0, metadata={"ge": 0.0})
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])

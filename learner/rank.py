@@ -7,8 +7,10 @@ loss with the *global* token and sequence counts of the mini-batch (so the loss 
 not depend on the split), ``backward(loss * world_size)`` (DeepSpeed averages gradients over
 ranks; the loss pieces must sum) and one optimizer step per mini-batch.
 
-Non-finite steps: DeepSpeed's ZeRO optimizers detect a non-finite global grad norm and skip the
-update (weights and optimizer state untouched); we read that back per step and count it.
+Non-finite steps: DeepSpeed's ZeRO 1-3 optimizers detect a non-finite global grad norm and skip
+the update (weights and optimizer state untouched); we read that back per step and count it.
+ZeRO stage 0 has no such check, so there every rank tests its gradients and a MAX all-reduce
+makes all ranks skip together.
 """
 
 from __future__ import annotations
@@ -144,8 +146,13 @@ class LearnerRank:
                 sums["approx_kl"] += float(out.metrics["approx_kl"]) * tokens
                 sums["ref_kl"] += float(out.metrics.get("ref_kl", 0.0)) * tokens
                 sums["tokens"] += tokens
-            engine.step()
             steps += 1
+            if self.cfg.zero_stage == 0 and not self._grads_finite_everywhere():
+                engine.zero_grad()  # ZeRO-0 has no overflow check of its own: skip by hand
+                skipped += 1
+                grad_norms.append(float("nan"))
+                continue
+            engine.step()
             if not engine.was_step_applied():
                 skipped += 1
             norm = engine.get_global_grad_norm()
@@ -159,6 +166,20 @@ class LearnerRank:
             "lr": self.scheduler.get_last_lr()[0],
             "seconds": time.perf_counter() - t0,
         }
+
+    def _grads_finite_everywhere(self) -> bool:
+        """All ranks agree whether any rank holds a non-finite gradient (before the allreduce:
+        a non-finite local gradient makes the averaged one non-finite too)."""
+        import torch.distributed as dist
+
+        local = all(
+            bool(torch.isfinite(p.grad).all())
+            for p in self.engine.module.parameters()
+            if p.grad is not None
+        )
+        flag = torch.tensor([0.0 if local else 1.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() == 0.0
 
     def export_weights(self, every_rank: bool = False) -> dict[str, torch.Tensor] | None:
         """The full state dict on rank 0, or on every rank (gathered under ZeRO-3, where every

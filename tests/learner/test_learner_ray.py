@@ -326,3 +326,34 @@ def test_update_moves_log_probs_in_the_advantages_direction(learner, tiny_model_
     delta = seq_logprobs(_weights(learner)) - before
     # positive-advantage responses became more likely, negative ones less, on average
     assert delta[batch.advantages > 0].mean() > 0 > delta[batch.advantages < 0].mean()
+
+
+@pytest.mark.slow
+def test_zero_stage_0_matches_and_skips_non_finite_steps(ray_cluster, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    _, batch = _batch(model, seed=13)
+    cfg = LearnerConfig(
+        num_ranks=2,
+        zero_stage=0,
+        lr=1e-3,
+        adam_eps=1e-3,
+        micro_batch_size=3,
+        grad_clip=1.0,
+        timeout_s=600,
+    )
+    group = LearnerGroup(cfg, AlgorithmConfig(), tiny_model_dir)
+    try:
+        assert group.train_on(batch)["actor/skipped_steps"] == 0
+        updated = group.export_weights()
+        poisoned = batch.select(list(range(len(batch))))
+        poisoned.advantages[5] = float("nan")
+        assert group.train_on(poisoned)["actor/skipped_steps"] == 1
+        after = group.export_weights()
+    finally:
+        group.shutdown()
+    expected = _reference_update(tiny_model_dir, batch, cfg)
+    for k, v in expected.items():
+        assert torch.allclose(updated[k], v, atol=1e-7, rtol=1e-6), k
+        assert torch.equal(after[k], updated[k]), k  # the NaN step changed nothing

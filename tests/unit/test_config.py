@@ -85,6 +85,7 @@ def test_wrong_type_names_its_path():
         ("algorithm.avspo.k=0", "algorithm.avspo.k: must be >= 1"),
         ("trainer.total_steps=0", "trainer.total_steps: must be >= 1"),
         ("acr.ema_beta=1.0", "acr.ema_beta: must be < 1.0"),
+        ("learner.zero_stage=4", "learner.zero_stage: must be <= 3"),
     ],
 )
 def test_bad_values_name_their_key(override, message):
