@@ -32,9 +32,9 @@ class ConfigError(ValueError):
 class TrainerConfig:
     """The driver loop."""
 
-    total_steps: int = field(default=50, metadata={"ge": 1})
+    total_steps: int = field(default=80, metadata={"ge": 1})
     seed: int = 0
-    eval_every: int = field(default=10, metadata={"ge": 0})
+    eval_every: int = field(default=20, metadata={"ge": 0})
     """Held-out evaluation every this many steps (and at step 0 and the last step); 0 = never."""
     prompts_per_step: int = field(default=16, metadata={"ge": 1})
     """Prompts sampled per step; each gets rollout.sampling.n samples (one group)."""

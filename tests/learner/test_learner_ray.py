@@ -308,7 +308,10 @@ def test_kl_to_the_reference_model(ray_cluster, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_update_moves_log_probs_in_the_advantages_direction(learner, tiny_model_dir):
+def test_update_moves_log_probs_in_the_advantages_direction(ray_cluster, tiny_model_dir):
+    """A small first step from a fresh optimizer raises sum_i A_i * log p(response_i): the
+    policy-gradient objective, to first order (a shared, already-stepped optimizer would add
+    its momentum from earlier batches, so this test owns its learner)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -321,11 +324,16 @@ def test_update_moves_log_probs_in_the_advantages_direction(learner, tiny_model_
             logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         return (token_logprobs(logits, batch.input_ids) * batch.response_mask).sum(1)
 
-    before = seq_logprobs(_weights(learner))
-    learner.train_on(batch)
-    delta = seq_logprobs(_weights(learner)) - before
-    # positive-advantage responses became more likely, negative ones less, on average
-    assert delta[batch.advantages > 0].mean() > 0 > delta[batch.advantages < 0].mean()
+    cfg = LearnerConfig(num_ranks=2, zero_stage=2, lr=1e-5, micro_batch_size=4, timeout_s=600)
+    group = LearnerGroup(cfg, AlgorithmConfig(), tiny_model_dir)
+    try:
+        before = seq_logprobs(group.export_weights())
+        group.train_on(batch)
+        delta = seq_logprobs(group.export_weights()) - before
+    finally:
+        group.shutdown()
+    assert float((batch.advantages * delta).sum()) > 0
+    assert delta[batch.advantages > 0].mean() > delta[batch.advantages < 0].mean()
 
 
 @pytest.mark.slow
