@@ -52,6 +52,20 @@ def _batch(model, seed=0, n_groups=4, n=4):
     return groups, batch
 
 
+def _reference_cfg(stage: int) -> LearnerConfig:
+    """2 ranks whose one update is compared with a single-process AdamW step (see below for
+    why adam_eps = 1e-3)."""
+    return LearnerConfig(
+        num_ranks=2,
+        zero_stage=stage,
+        lr=1e-3,
+        adam_eps=1e-3,
+        micro_batch_size=3,
+        grad_clip=1.0,
+        timeout_s=600,
+    )
+
+
 def _reference_update(model_dir, batch, cfg: LearnerConfig):
     from transformers import AutoModelForCausalLM
 
@@ -86,15 +100,7 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     # Adam's first step is ~lr * g / (|g| + eps): with eps = 1e-8 a gradient that differs by
     # float reduction order (1e-10) can move a weight by lr * 1e-2. eps = 1e-3 keeps that
     # amplification at most lr / eps = 1, so the comparison below can be tight.
-    cfg = LearnerConfig(
-        num_ranks=2,
-        zero_stage=stage,
-        lr=1e-3,
-        adam_eps=1e-3,
-        micro_batch_size=3,
-        grad_clip=1.0,
-        timeout_s=600,
-    )
+    cfg = _reference_cfg(stage)
     group = LearnerGroup(cfg, AlgorithmConfig(), tiny_model_dir)
     try:
         metrics = group.train_on(batch)
@@ -342,15 +348,7 @@ def test_zero_stage_0_matches_and_skips_non_finite_steps(ray_cluster, tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     _, batch = _batch(model, seed=13)
-    cfg = LearnerConfig(
-        num_ranks=2,
-        zero_stage=0,
-        lr=1e-3,
-        adam_eps=1e-3,
-        micro_batch_size=3,
-        grad_clip=1.0,
-        timeout_s=600,
-    )
+    cfg = _reference_cfg(0)
     group = LearnerGroup(cfg, AlgorithmConfig(), tiny_model_dir)
     try:
         assert group.train_on(batch)["actor/skipped_steps"] == 0
