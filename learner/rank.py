@@ -93,7 +93,6 @@ class LearnerRank:
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
         )
-        self.skipped = 0
         # A frozen reference policy for the KL term, only when it is used (kl_coef > 0): a full
         # replica per rank (fine for small models; large ones want a ZeRO-3 inference engine).
         self.reference = None
@@ -157,7 +156,6 @@ class LearnerRank:
                 skipped += 1
             norm = engine.get_global_grad_norm()
             grad_norms.append(float("nan") if norm is None else float(norm))
-        self.skipped += skipped
         return {
             **sums,
             "optimizer_steps": steps,

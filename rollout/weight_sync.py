@@ -11,6 +11,7 @@ tensors, version)`` on the other. Algorithm code never branches on the transport
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 import ray
@@ -29,8 +30,6 @@ class ObjectStoreTransport:
         self.workers, self.timeout_s = workers, timeout_s
 
     def push(self, named_tensors: dict[str, torch.Tensor], version: int) -> float:
-        import time
-
         t0 = time.perf_counter()
         cpu = {k: v.detach().to("cpu").contiguous() for k, v in named_tensors.items()}
         ref = ray.put(cpu)
