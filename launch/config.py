@@ -37,11 +37,50 @@ class TrainerConfig:
     eval_every: int = field(default=20, metadata={"ge": 0})
     """Held-out evaluation every this many steps (and at step 0 and the last step); 0 = never."""
     prompts_per_step: int = field(default=16, metadata={"ge": 1})
-    """Prompts sampled per step; each gets rollout.sampling.n samples (one group)."""
+    """Prompts sampled per step; each gets rollout.n_samples samples (one group)."""
     run_dir: str | None = None
     """Holds metrics.jsonl, report.md, plots, checkpoints; null = Hydra's output directory."""
     resume: str | None = None
     """null (fresh run) | auto (latest checkpoint in run_dir if any) | a checkpoint path."""
+
+
+@dataclass
+class ClusterConfig:
+    """Where the Ray actors run (``conf/cluster/{local,gpu_node,multi_node}.yaml``)."""
+
+    name: str = "local"
+    address: str | None = None
+    """Ray cluster to join; null = ``$RAY_ADDRESS`` if set, else a local Ray started here."""
+    num_cpus: int | None = field(default=None, metadata={"ge": 1})
+    """Local Ray only: logical CPUs to declare; null = what the actors need (they time-share)."""
+    placement_groups: bool = True
+    """Reserve rollout, verifier and learner resources in placement groups before starting."""
+    placement_strategy: str = field(
+        default="PACK", metadata={"choices": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")}
+    )
+    ready_timeout_s: float = field(default=300.0, metadata={"gt": 0.0})
+    """Limit for the placement groups' resources to become available."""
+
+
+@dataclass
+class LoggerConfig:
+    """Metric sinks (``conf/logger/``); ``metrics.jsonl`` in the run dir is always written."""
+
+    console: bool = True
+    """One readable line per step (plus a progress bar with ETA when stdout is a terminal)."""
+    progress: str = field(default="auto", metadata={"choices": ("auto", "always", "never")})
+    tensorboard: bool = False
+    """Event files under ``<run_dir>/tensorboard``."""
+    wandb: bool = False
+    wandb_project: str = "avspo"
+    wandb_entity: str | None = None
+    wandb_mode: str | None = field(
+        default=None, metadata={"choices": (None, "online", "offline", "disabled")}
+    )
+    """null = ``$WANDB_MODE`` if set, else online when ``WANDB_API_KEY`` is set, else offline.
+    The key is read by wandb from the environment; it is never written or logged."""
+    report: bool = True
+    """Write report.md and PNG plots into the run dir at the end (launch.analyze does too)."""
 
 
 @dataclass
@@ -56,6 +95,8 @@ class TrainConfig:
     verifier: PoolConfig = field(default_factory=PoolConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     acr: MonitorConfig = field(default_factory=MonitorConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
 _BOUNDS = (

@@ -110,7 +110,9 @@ class Trainer:
         t0 = time.perf_counter()
         problems = self.sampler.next(self.cfg.trainer.prompts_per_step)
         params = dataclasses.replace(
-            self.cfg.rollout.sampling, seed=self.cfg.trainer.seed * 1_000_003 + step
+            self.cfg.rollout.sampling,
+            n=self.cfg.rollout.n_samples,
+            seed=self.cfg.trainer.seed * 1_000_003 + step,
         )
         groups = self.rollout.generate([p.prompt for p in problems], params)
         t1 = time.perf_counter()

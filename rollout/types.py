@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SamplingConfig:
-    """Sampling parameters of one generation call (``rollout.sampling`` in the config)."""
+    """Sampling parameters of one generation call (``rollout.sampling`` in the config, where
+    ``n`` and ``seed`` are left at their defaults: the driver sets them per call from
+    ``rollout.n_samples`` and ``trainer.seed``)."""
 
-    n: int = field(default=8, metadata={"ge": 1})
+    n: int = field(default=1, metadata={"ge": 1})
     """Samples per prompt (the group size G)."""
     temperature: float = field(default=1.0, metadata={"ge": 0.0})
     """0 = greedy."""

@@ -91,7 +91,7 @@ class RolloutGroup:
         """Groups of ``params.n`` samples for each prompt, in prompt order. Prompts are split
         into contiguous, equal-sized chunks, one per worker; with a seed, chunk i uses seed + i,
         so a run is reproducible for a given number of workers."""
-        params = params or self.cfg.sampling
+        params = params or dataclasses.replace(self.cfg.sampling, n=self.cfg.n_samples)
         k = len(self.workers)
         bounds = [round(i * len(prompts) / k) for i in range(k + 1)]
         calls = []
