@@ -1,4 +1,5 @@
-"""Metric sinks: jsonl in the run directory (always) and one readable console line per step.
+"""Metric sinks: jsonl in the run directory (always), console (a line per step, or a progress
+bar with ETA on a terminal), TensorBoard and wandb, selected by the ``logger`` config.
 
 Values are plain floats; non-finite ones are written as null (JSON has no NaN). Nothing here
 reads or writes secrets.
@@ -49,4 +50,103 @@ def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
     for key, fmt in CONSOLE_KEYS:
         if key in metrics and metrics[key] is not None:
             parts.append(fmt.format(metrics[key]))
+        if key == "eval/accuracy":  # eval/pass@k beside it, whatever k is
+            parts += [f"{k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")]
     return " | ".join(parts)
+
+
+class TensorBoardSink:
+    """Scalars under ``<run_dir>/tensorboard`` (one tag per metric name)."""
+
+    def __init__(self, log_dir: str | Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            value = _clean(float(value))
+            if value is not None:
+                self._writer.add_scalar(key, value, global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def wandb_mode(configured: str | None, env: dict[str, str]) -> str:
+    """The wandb mode: the configured one, else ``$WANDB_MODE``, else online only when a key
+    is in the environment (offline otherwise, so a run without credentials never blocks).
+
+    >>> wandb_mode(None, {}), wandb_mode(None, {"WANDB_API_KEY": "x"}), wandb_mode("disabled", {})
+    ('offline', 'online', 'disabled')
+    """
+    if configured:
+        return configured
+    if env.get("WANDB_MODE"):
+        return env["WANDB_MODE"]
+    return "online" if env.get("WANDB_API_KEY") else "offline"
+
+
+class WandbSink:
+    """A wandb run in ``<run_dir>/wandb``. The API key is read by wandb from the environment;
+    this class never reads, logs or writes it (the run's config is passed as a plain dict)."""
+
+    def __init__(self, run_dir: Path, *, project: str, entity: str | None, mode: str, config: dict):
+        import wandb
+
+        self._run = wandb.init(
+            project=project,
+            entity=entity,
+            mode=mode,
+            dir=str(run_dir),
+            name=run_dir.name,
+            config=config,
+            settings=wandb.Settings(console="off", x_disable_stats=True),
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {k: _clean(float(v)) for k, v in metrics.items()}
+        self._run.log({k: v for k, v in row.items() if v is not None}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class ConsoleSink:
+    """One readable line per step; on a terminal (or ``progress="always"``) a progress bar with
+    ETA instead, with the line written above it."""
+
+    def __init__(self, total: int, *, progress: str = "auto", write=print, start: int = 0):
+        import sys
+
+        self.total, self.write, self.bar = total, write, None
+        if progress == "always" or (progress == "auto" and sys.stdout.isatty()):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+            self.write = self.bar.write
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.write(console_line(step, self.total, metrics))
+        if self.bar is not None and step > 0:
+            self.bar.update(step - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class MultiSink:
+    """Fans each step's metrics out to every configured sink."""
+
+    def __init__(self, sinks: list):
+        self.sinks = sinks
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()

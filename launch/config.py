@@ -36,6 +36,12 @@ class TrainerConfig:
     seed: int = 0
     eval_every: int = field(default=20, metadata={"ge": 0})
     """Held-out evaluation every this many steps (and at step 0 and the last step); 0 = never."""
+    eval_pass_k: int = field(default=8, metadata={"ge": 0})
+    """Evaluation also samples this many answers per problem for ``eval/pass@k`` (0 = off)."""
+    eval_temperature: float = field(default=1.0, metadata={"gt": 0.0})
+    """Temperature of the pass@k samples (pass@1 ``eval/accuracy`` is greedy)."""
+    save_every: int = field(default=40, metadata={"ge": 0})
+    """Checkpoint every this many steps (and at the last step); 0 = only at the last step."""
     prompts_per_step: int = field(default=16, metadata={"ge": 1})
     """Prompts sampled per step; each gets rollout.n_samples samples (one group)."""
     run_dir: str | None = None

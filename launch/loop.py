@@ -4,32 +4,47 @@
     + ACR monitor + update) -> weight sync (policy version v+1) -> next step
 
 Stages never call each other; the only backward edge is the weight sync. Held-out evaluation
-(greedy pass@1) runs at step 0 and every ``trainer.eval_every`` steps.
+(greedy pass@1, and pass@k) runs at step 0, every ``trainer.eval_every`` steps and at the end;
+a checkpoint is written every ``trainer.save_every`` steps and at the end, and
+``trainer.resume=auto|<path>`` continues a run from one, bit-exactly on CPU (the data position
+and every RNG state are in the checkpoint; each step's sampling seed derives from the step).
+With ``algorithm.dynamic_sampling.enabled`` (DAPO), collapsed groups are dropped and more
+prompts generated, for at most ``max_rounds`` rounds per step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
+import json
 import random
 import time
 from pathlib import Path
 
 import torch
 
-from diagnostics.sinks import JsonlSink, console_line
+from diagnostics.acr import collapse_stats
+from diagnostics.sinks import (
+    ConsoleSink,
+    JsonlSink,
+    MultiSink,
+    TensorBoardSink,
+    WandbSink,
+    wandb_mode,
+)
 from launch.bootstrap import ensure_model
+from launch.cluster import init_ray, reserve
 from launch.config import ConfigError, TrainConfig
-from learner.group import LearnerGroup
-from reward.actor import VerifierActor
+from launch.evaluate import evaluate
+from learner import checkpoint
 from reward.tasks import Problem, make_task
 from rollout.actors import get, spawn_actor_group
 from rollout.types import Group
-from rollout.worker import RolloutGroup
+
+SEED_STRIDE = 1_000_003  # trainer.seed * stride + step: distinct seeds for every (seed, step)
 
 
 class PromptSampler:
-    """Seeded passes over the train split, reshuffled each epoch."""
+    """Seeded passes over the train split, reshuffled each epoch; its state is checkpointed."""
 
     def __init__(self, problems: list[Problem], seed: int):
         self.problems, self.rng, self.order, self.pos = problems, random.Random(seed), [], 0
@@ -44,53 +59,79 @@ class PromptSampler:
             self.pos += 1
         return out
 
+    def state_dict(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {"order": self.order, "pos": self.pos, "rng": [version, list(internal), gauss]}
 
-def init_ray(cfg: TrainConfig) -> None:
-    import ray
+    def load_state_dict(self, state: dict) -> None:
+        self.order, self.pos = list(state["order"]), int(state["pos"])
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
 
-    if ray.is_initialized():
-        return
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-        return
-    # Logical CPUs for every actor (they time-share the real cores; ENVIRONMENT.md: a task
-    # waiting for a free logical CPU while actors hold them all would wait forever).
-    need = (
-        cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker
-        + cfg.learner.num_ranks * cfg.learner.num_cpus_per_rank
-        + 2
-    )
-    ray.init(num_cpus=max(4, int(need + 0.999)), include_dashboard=False, log_to_driver=False)
+
+@dataclasses.dataclass
+class Rollouts:
+    """One step's training groups with their problems and verdicts, plus what it took."""
+
+    problems: list[Problem]
+    groups: list[Group]
+    verdicts: list
+    metrics: dict[str, float]
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, run_dir: Path, log=print):
+    def __init__(self, cfg: TrainConfig, run_dir: Path, log=print, learner: bool = True):
         from transformers import AutoTokenizer
 
-        self.cfg, self.run_dir, self.log = cfg, run_dir, log
+        from learner.group import LearnerGroup
+        from reward.actor import VerifierActor
+        from rollout.worker import RolloutGroup
+
+        self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
         self.task = make_task(cfg.task)
         if not self.task.train or not self.task.test:
             raise ConfigError(f"task: {cfg.task.name} has an empty train or test split")
-        model_path = ensure_model(cfg.model, log)
-        pad_id = AutoTokenizer.from_pretrained(model_path).pad_token_id or 0
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.resume_from = self._resolve_resume()
+        self.model_path = ensure_model(cfg.model, log)
+        if self.resume_from is not None and not learner:  # evaluate a checkpoint's weights
+            self.model_path = str(self.resume_from / "model")
+        pad_id = AutoTokenizer.from_pretrained(self.model_path).pad_token_id or 0
         init_ray(cfg)
-        self.rollout = RolloutGroup(cfg.rollout, model_path, cfg.model.dtype)
-        self.verifier = spawn_actor_group(VerifierActor, 1, cfg.verifier, num_cpus=1)[0]
-        monitor = dataclasses.replace(cfg.acr, r_lo=self.task.reward_range[0])
-        self.learner = LearnerGroup(
-            cfg.learner,
-            cfg.algorithm,
-            model_path,
-            dtype=cfg.model.dtype,
-            reward_range=self.task.reward_range,
-            monitor=monitor,
-            pad_id=pad_id,
+        placement = reserve(cfg)
+        self.rollout = RolloutGroup(
+            cfg.rollout, self.model_path, cfg.model.dtype, placement=placement["rollout"]
         )
+        self.verifier = spawn_actor_group(
+            VerifierActor, 1, cfg.verifier, num_cpus=1, placement=placement["verifier"]
+        )[0]
+        self.learner = None
+        if learner:
+            self.learner = LearnerGroup(
+                cfg.learner,
+                cfg.algorithm,
+                self.model_path,
+                dtype=cfg.model.dtype,
+                reward_range=self.task.reward_range,
+                monitor=dataclasses.replace(cfg.acr, r_lo=self.task.reward_range[0]),
+                pad_id=pad_id,
+                placement=placement["learner"],
+            )
         self.sampler = PromptSampler(self.task.train, cfg.trainer.seed)
-        self.sink = JsonlSink(run_dir / "metrics.jsonl")
+        self.accuracy_start: float | None = None
 
-    def verify(self, groups: list[Group], problems: list[Problem]):
+    def _resolve_resume(self) -> Path | None:
+        resume = self.cfg.trainer.resume
+        if resume is None:
+            return None
+        try:
+            return checkpoint.resolve(resume, self.ckpt_root)
+        except checkpoint.CheckpointError as err:
+            raise ConfigError(f"trainer.resume: {err}") from None
+
+    # ---- stages -------------------------------------------------------------------------------
+
+    def verify(self, groups: list[Group], problems: list[Problem]) -> list:
         responses = [s.text for g in groups for s in g.samples]
         refs = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g.samples]
         return get(
@@ -100,66 +141,197 @@ class Trainer:
         )[0]
 
     def evaluate(self) -> dict[str, float]:
-        problems = self.task.test
-        params = dataclasses.replace(self.cfg.rollout.sampling, n=1, temperature=0.0, seed=0)
-        groups = self.rollout.generate([p.prompt for p in problems], params)
-        verdicts = self.verify(groups, problems)
-        return {"eval/accuracy": sum(v.score for v in verdicts) / len(verdicts)}
+        t = self.cfg.trainer
+        return evaluate(
+            self.rollout.generate,
+            self.verify,
+            self.task.test,
+            self.cfg.rollout.sampling,
+            k=t.eval_pass_k,
+            temperature=t.eval_temperature,
+            seed=t.seed,
+        )
+
+    def collect(self, step: int) -> Rollouts:
+        """Generate and verify one step's groups; with dynamic sampling, keep only groups whose
+        rewards differ, generating again (at most ``max_rounds`` rounds) until the step has
+        ``prompts_per_step`` of them."""
+        want, dyn = self.cfg.trainer.prompts_per_step, self.cfg.algorithm.dynamic_sampling
+        kept, dropped = [], []  # (problem, group, verdicts) triples
+        t_gen = t_ver = 0.0
+        rounds = dyn.max_rounds if dyn.enabled else 1
+        for rnd in range(rounds):
+            problems = self.sampler.next(want)
+            seed = (self.cfg.trainer.seed * SEED_STRIDE + step) * 16 + rnd
+            params = dataclasses.replace(
+                self.cfg.rollout.sampling, n=self.cfg.rollout.n_samples, seed=seed
+            )
+            t0 = time.perf_counter()
+            groups = self.rollout.generate([p.prompt for p in problems], params)
+            t1 = time.perf_counter()
+            verdicts = self.verify(groups, problems)
+            t_gen, t_ver = t_gen + t1 - t0, t_ver + time.perf_counter() - t1
+            n = self.cfg.rollout.n_samples
+            triples = [
+                (p, g, verdicts[i * n : (i + 1) * n])
+                for i, (p, g) in enumerate(zip(problems, groups, strict=True))
+            ]
+            if not dyn.enabled:
+                kept = triples
+                break
+            rewards = torch.tensor([v.score for v in verdicts])
+            ids = torch.arange(len(groups)).repeat_interleave(n)
+            collapsed = collapse_stats(rewards, ids, tau=self.cfg.algorithm.tau).collapsed.tolist()
+            kept += [x for x, c in zip(triples, collapsed, strict=True) if not c]
+            dropped += [x for x, c in zip(triples, collapsed, strict=True) if c]
+            if len(kept) >= want:
+                break
+        informative = min(len(kept), want)
+        batch = (kept + dropped)[:want]
+        metrics = {"timing_s/generate": t_gen, "timing_s/verify": t_ver}
+        if dyn.enabled:
+            generated = len(kept) + len(dropped)
+            metrics |= {
+                "dapo/rounds": float(rnd + 1),
+                "dapo/generated_groups": float(generated),
+                "dapo/informative_groups": float(informative),
+                "dapo/acr_generated": len(dropped) / generated,
+            }
+        return Rollouts(
+            problems=[p for p, _, _ in batch],
+            groups=[g for _, g, _ in batch],
+            verdicts=[v for _, _, vs in batch for v in vs],
+            metrics=metrics,
+        )
 
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        problems = self.sampler.next(self.cfg.trainer.prompts_per_step)
-        params = dataclasses.replace(
-            self.cfg.rollout.sampling,
-            n=self.cfg.rollout.n_samples,
-            seed=self.cfg.trainer.seed * 1_000_003 + step,
-        )
-        groups = self.rollout.generate([p.prompt for p in problems], params)
+        r = self.collect(step)
         t1 = time.perf_counter()
-        verdicts = self.verify(groups, problems)
-        t2 = time.perf_counter()
-        rewards = torch.tensor([v.score for v in verdicts])
+        rewards = torch.tensor([v.score for v in r.verdicts])
         metrics = self.learner.step(
-            groups,
+            r.groups,
             rewards,
-            prompt_keys=[p.uid for p in problems],
-            verifier_reasons=[v.reason for v in verdicts],
+            prompt_keys=[p.uid for p in r.problems],
+            verifier_reasons=[v.reason for v in r.verdicts],
         )
+        t2 = time.perf_counter()
+        self.rollout.push_weights(self.learner.export_weights(), version=step)
         t3 = time.perf_counter()
-        sync = self.rollout.push_weights(self.learner.export_weights(), version=step)
-        lengths = [len(s.response_ids) for g in groups for s in g.samples]
-        metrics.update(
-            {
-                "reward/mean": float(rewards.mean()),
-                "response_length/mean": sum(lengths) / len(lengths),
-                "timing_s/generate": t1 - t0,
-                "timing_s/verify": t2 - t1,
-                "timing_s/learner": t3 - t2,
-                "timing_s/weight_sync": sync,
-                "perf/generated_tokens_per_s": sum(lengths) / max(t1 - t0, 1e-9),
-            }
-        )
-        metrics["timing_s/step"] = time.perf_counter() - t0
+        lengths = [len(s.response_ids) for g in r.groups for s in g.samples]
+        metrics |= r.metrics | {
+            "reward/mean": float(rewards.mean()),
+            "response_length/mean": sum(lengths) / len(lengths),
+            "timing_s/learner": t2 - t1,
+            "timing_s/weight_sync": t3 - t2,  # export from the ranks + load into the engines
+            "perf/generated_tokens_per_s": sum(lengths) / max(r.metrics["timing_s/generate"], 1e-9),
+        }
+        metrics["timing_s/step"] = t3 - t0
+        stages = ("generate", "verify", "learner", "weight_sync")
+        metrics["timing_s/other"] = t3 - t0 - sum(metrics[f"timing_s/{k}"] for k in stages)
         return metrics
 
+    # ---- the run ------------------------------------------------------------------------------
+
     def run(self) -> dict[str, float]:
-        total, every = self.cfg.trainer.total_steps, self.cfg.trainer.eval_every
-        first = self.evaluate()
-        self.sink.log(0, first)
-        self.log(console_line(0, total, first))
-        metrics = first
-        for step in range(1, total + 1):
-            metrics = self.train_step(step)
-            if (every and step % every == 0) or step == total:
-                metrics.update(self.evaluate())
-            self.sink.log(step, metrics)
-            self.log(console_line(step, total, metrics))
-        self.sink.close()
-        return {"eval/accuracy_start": first["eval/accuracy"], **metrics}
+        t = self.cfg.trainer
+        start = self.restore()
+        sink = self.open_sinks(start)
+        metrics: dict[str, float] = {}
+        try:
+            if start == 0:
+                metrics = self.evaluate()
+                self.accuracy_start = metrics["eval/accuracy"]
+                sink.log(0, metrics)
+            for step in range(start + 1, t.total_steps + 1):
+                metrics = self.train_step(step)
+                last = step == t.total_steps
+                if (t.eval_every and step % t.eval_every == 0) or last:
+                    metrics |= self.evaluate()
+                sink.log(step, metrics)  # before the checkpoint: a resume never loses a row
+                if (t.save_every and step % t.save_every == 0) or last:
+                    self.save(step)
+        finally:
+            sink.close()
+        self.write_outputs()
+        return {"eval/accuracy_start": self.accuracy_start, **metrics}
+
+    def open_sinks(self, start: int) -> MultiSink:
+        lg = self.cfg.logger
+        sinks: list = [JsonlSink(self.run_dir / "metrics.jsonl")]
+        if lg.console:
+            sinks.append(
+                ConsoleSink(
+                    self.cfg.trainer.total_steps, progress=lg.progress, write=self.log, start=start
+                )
+            )
+        if lg.tensorboard:
+            sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
+        if lg.wandb:
+            import os
+
+            sinks.append(
+                WandbSink(
+                    self.run_dir,
+                    project=lg.wandb_project,
+                    entity=lg.wandb_entity,
+                    mode=wandb_mode(lg.wandb_mode, dict(os.environ)),
+                    config=dataclasses.asdict(self.cfg),
+                )
+            )
+        return MultiSink(sinks)
+
+    def save(self, step: int) -> str:
+        extra = {"sampler": self.sampler.state_dict(), "accuracy_start": self.accuracy_start}
+        return self.learner.save_checkpoint(str(self.ckpt_root), step, extra=extra)
+
+    def restore(self) -> int:
+        """Load ``self.resume_from`` (if any) into the learner, the engines and the sampler;
+        returns the step to continue after (0 for a fresh run)."""
+        if self.resume_from is None:
+            return 0
+        state = self.learner.load_checkpoint(str(self.resume_from))
+        step = int(state["step"])
+        self.sampler.load_state_dict(state["extra"]["sampler"])
+        self.accuracy_start = state["extra"]["accuracy_start"]
+        self.rollout.push_weights(self.learner.export_weights(), version=step)
+        truncate_metrics(self.run_dir / "metrics.jsonl", step)
+        self.log(f"resumed from {self.resume_from} at step {step}")
+        return step
+
+    def write_outputs(self) -> None:
+        history = {
+            "summary": self.learner.monitor.prompt_summary(),
+            "prompts": self.learner.monitor.prompt_history,
+        }
+        (self.run_dir / "prompt_history.json").write_text(json.dumps(history))
+        if self.cfg.logger.report:
+            from diagnostics.report import write_report
+
+            self.log(f"report: {write_report(self.run_dir)}")
 
     def shutdown(self) -> None:
         import ray
 
         self.rollout.shutdown()
-        self.learner.shutdown()
+        if self.learner is not None:
+            self.learner.shutdown()
         ray.kill(self.verifier)
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep the rows of steps <= ``step`` (those the checkpoint covers); rows of later steps
+    (written before the run stopped, about to be recomputed) move to ``metrics.pre_resume.jsonl``
+    so nothing is lost and ``metrics.jsonl`` has each step once."""
+    if not path.exists():
+        return
+    keep, moved = [], []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            (keep if json.loads(line)["step"] <= step else moved).append(line + "\n")
+    if moved:
+        with path.with_name("metrics.pre_resume.jsonl").open("a") as f:
+            f.writelines(moved)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(keep))
+    tmp.replace(path)

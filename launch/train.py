@@ -44,8 +44,9 @@ def main(raw: DictConfig) -> None:
         final = trainer.run()
     finally:
         trainer.shutdown()
+    start = final["eval/accuracy_start"]
     print(
-        f"held-out accuracy: {final['eval/accuracy_start']:.3f} at step 0 -> "
+        f"held-out accuracy: {start:.3f} at step 0 -> "
         f"{final['eval/accuracy']:.3f} at step {cfg.trainer.total_steps}; "
         f"metrics in {run_dir / 'metrics.jsonl'}"
     )

@@ -29,6 +29,17 @@ class AvspoConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling (Yu et al. 2025), run by the driver: groups whose rewards are all
+    equal are dropped and more prompts are generated until the step has
+    ``trainer.prompts_per_step`` informative groups, for at most ``max_rounds`` generation rounds
+    (then the step trains on what it has, topped up with dropped groups so its size is fixed)."""
+
+    enabled: bool = False
+    max_rounds: int = field(default=3, metadata={"ge": 1})
+
+
+@dataclass
 class AlgorithmConfig:
     """One RL algorithm: advantage estimator by name plus its knobs and the policy loss."""
 
@@ -45,6 +56,7 @@ class AlgorithmConfig:
     avspo: AvspoConfig = field(default_factory=AvspoConfig)
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
 
 @dataclass

