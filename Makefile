@@ -43,6 +43,7 @@ bench: setup
 	$(BIN)/python tests/benchmarks/bench_verifier.py
 	$(BIN)/python tests/benchmarks/bench_rollout.py
 	$(BIN)/python tests/benchmarks/bench_learner.py
+	$(BIN)/python tests/benchmarks/bench_step.py
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache
