@@ -39,7 +39,10 @@ def init_ray(cfg: TrainConfig) -> None:
 
     if ray.is_initialized():
         return
-    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+    # Only keys the process lacks: inside a Ray job the job's env_vars are already set, and Ray
+    # refuses a driver whose runtime env repeats one of them.
+    wanted = {"TOKENIZERS_PARALLELISM": "false"}
+    env = {"env_vars": {k: v for k, v in wanted.items() if k not in os.environ}}
     address = resolve_address(cfg)
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=False)

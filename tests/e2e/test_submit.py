@@ -1,0 +1,275 @@
+"""``python -m launch.submit`` against a real Ray head started here (loopback only): a 2-step
+run as a Ray job, bad input refused before anything is submitted, no secret in the job.
+
+The head is ``ray start --head --block`` in its own session, ended by signalling the processes it
+started (never ``ray stop``, which would also stop the session's own ``ray.init`` cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SECRET = f"sentinel-{uuid.uuid4().hex}"
+PORT_FLAGS = (
+    "--port",
+    "--dashboard-port",
+    "--ray-client-server-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--metrics-export-port",
+    "--runtime-env-agent-port",
+    "--node-manager-port",
+    "--object-manager-port",
+)
+
+
+class Head(NamedTuple):
+    url: str  # the dashboard (job API)
+    token: str  # Ray's auth token of this head
+    auth_env: dict[str, str]  # what a submitting shell sets to use it
+
+
+def free_ports(n: int) -> list[int]:
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "WANDB_"))}
+    return {**env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", **extra}
+
+
+def submit(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "launch.submit", *args],
+        cwd=ROOT,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def stop_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM ``ray start --block`` (it ends what it started), then SIGKILL what is left."""
+    import psutil
+
+    def tree() -> dict[int, psutil.Process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(proc.pid)
+            return {p.pid: p for p in (root, *root.children(recursive=True))}
+        return {}
+
+    procs = tree()  # before the signal: children of dead parents get reparented
+    proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    for p in list(procs.values()):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.update({c.pid: c for c in p.children(recursive=True)})
+    for p in procs.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(list(procs.values()), timeout=10)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A fresh head (8 logical CPUs, 127.0.0.1 only, token auth with a throwaway token)."""
+    import requests
+
+    ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
+    temp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths have a limit
+    shm_before = set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*"))
+    cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1"]
+    cmd += [f"{flag}={port}" for flag, port in ports.items()]
+    cmd += ["--dashboard-host=127.0.0.1", "--include-dashboard=true", "--num-cpus=8"]
+    cmd += [f"--temp-dir={temp}", "--disable-usage-stats"]
+    log = open(Path(temp) / "head.log", "w")  # noqa: SIM115 (closed in the finally)
+    token = secrets.token_hex(32)  # token auth on, as a real cluster has it, with our own token
+    (Path(temp) / "auth_token").write_text(token)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(Path(temp) / "auth_token")}
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: every Ray address on this node is 127.0.0.1
+    env = clean_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0", **auth)
+    head = subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{ports['--dashboard-port']}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert head.poll() is None, (Path(temp) / "head.log").read_text()[-3000:]
+            with contextlib.suppress(requests.RequestException):
+                headers = {"Authorization": f"Bearer {token}"}
+                if requests.get(f"{url}/api/jobs/", headers=headers, timeout=5).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the Ray head did not come up in 120 s"
+            time.sleep(1)
+        yield Head(url, token, auth)
+    finally:
+        stop_tree(head)
+        log.close()
+        busy = [p for p in ports.values() if port_in_use(p)]
+        shutil.rmtree(temp, ignore_errors=True)
+        for path in set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*")) - shm_before:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        assert not busy, f"ports still bound after the head stopped: {busy}"
+
+
+@pytest.fixture
+def client(ray_head, monkeypatch):
+    from ray.job_submission import JobSubmissionClient
+
+    # JobSubmissionClient prefers these over its argument
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    return JobSubmissionClient(ray_head.url, headers={"Authorization": f"Bearer {ray_head.token}"})
+
+
+def test_no_address_is_one_line_exit_2():
+    out = submit("trainer.total_steps=2")
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "RAY_ADDRESS" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_gcs_or_unreachable_address_is_refused():
+    out = submit("trainer.total_steps=2", RAY_ADDRESS="127.0.0.1:6379")
+    assert out.returncode == 2 and "dashboard" in out.stderr, out.stderr
+    (port,) = free_ports(1)
+    out = submit("--address", f"http://127.0.0.1:{port}", "trainer.run_dir=/tmp/unused")
+    assert out.returncode == 2 and "cannot reach" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_bad_override_is_not_submitted(ray_head, client):
+    before = len(client.list_jobs())
+    out = submit("--address", ray_head.url, "trainer.total_stepz=2", **ray_head.auth_env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "trainer.total_stepz" in out.stderr and "nothing was submitted" in out.stderr
+    assert len(client.list_jobs()) == before
+    assert not any("total_stepz" in job.entrypoint for job in client.list_jobs())
+
+
+@pytest.mark.slow
+def test_two_step_run_as_ray_job(ray_head, client, tmp_path, tiny_model_dir):
+    from ray.job_submission import JobStatus
+
+    cache = str(Path(tiny_model_dir).parent)  # the session's small tiny model, already built
+    run_dir = tmp_path / "run"  # absolute: the job's cwd is Ray's copy of the working dir
+    overrides = [
+        "trainer.total_steps=2",
+        "trainer.eval_every=1",
+        "trainer.prompts_per_step=4",
+        "rollout=hf",
+        "learner.num_ranks=1",
+        "verifier.num_workers=1",
+        f"trainer.run_dir={run_dir}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+        f"model.cache_dir={cache}",
+        # the session fixture's small variant (tests/conftest.py FAST_TINY), not the default
+        "model.tiny.hidden_size=128",
+        "model.tiny.num_heads=4",
+        "model.tiny.intermediate_size=384",
+        "model.tiny.sft_steps=150",
+        "model.tiny.sft_lr=3e-3",
+        "model.tiny.sft_levels=[0,1,2]",
+        "task.difficulty=1",
+        "task.num_test=32",
+    ]
+    job_id = f"avspo-test-{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
+    out = submit(
+        "--address", ray_head.url, "--follow", "--timeout-s", "600", "--job-id", job_id, *overrides,
+        WANDB_API_KEY=SECRET, HF_TOKEN=SECRET, **ray_head.auth_env,
+    )  # fmt: skip
+    took = time.monotonic() - t0
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    assert f"job {job_id} SUCCEEDED" in out.stderr, out.stderr
+    assert "held-out accuracy" in out.stdout  # the job's log was followed
+    assert client.get_job_status(job_id) == JobStatus.SUCCEEDED
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all("eval/accuracy" in r for r in rows)
+    assert (run_dir / "config.yaml").exists()
+
+    info = client.get_job_info(job_id)
+    assert info.job_id  # set once the entrypoint's ray.init joined this cluster (not its own Ray)
+    assert info.runtime_env["working_dir"].startswith("gcs://")  # the project was uploaded
+    for secret in (SECRET, ray_head.token):
+        assert secret not in json.dumps(info.runtime_env) + info.entrypoint
+        assert secret not in client.get_job_logs(job_id)
+        for path in run_dir.rglob("*"):
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), path
+    print(f"submit -> SUCCEEDED in {took:.1f} s")
+
+
+class FakeClient:
+    """What launch.submit.follow uses of JobSubmissionClient."""
+
+    def __init__(self, status: str, hang: bool = False):
+        from ray.job_submission import JobStatus
+
+        self.status, self.hang, self.stopped = JobStatus(status), hang, False
+
+    async def tail_job_logs(self, job_id):
+        yield "a log line\n"
+        if self.hang:
+            await asyncio.sleep(3600)
+
+    def get_job_status(self, job_id):
+        return self.status
+
+    def stop_job(self, job_id):
+        self.stopped = True
+
+    def get_job_info(self, job_id):
+        return SimpleNamespace(message="the entrypoint exited with 1")
+
+
+@pytest.mark.parametrize(
+    ("status", "hang", "code"),
+    [("SUCCEEDED", False, 0), ("FAILED", False, 1), ("STOPPED", False, 1), ("RUNNING", True, 124)],
+)
+def test_follow_exit_codes(status, hang, code, capsys):
+    from launch.submit import follow
+
+    fake = FakeClient(status, hang)
+    assert follow(fake, "job", timeout_s=0.5) == code
+    out = capsys.readouterr()
+    assert "a log line" in out.out
+    assert fake.stopped == (code == 124)
+    assert ("exited with 1" in out.err) == (code == 1)
