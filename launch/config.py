@@ -9,7 +9,9 @@ starts.
 
 from __future__ import annotations
 
+import contextlib
 import operator
+import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -18,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from diagnostics.acr import MonitorConfig
 from launch.bootstrap import ModelConfig
-from learner.config import AlgorithmConfig, LearnerConfig
+from learner.config import AlgorithmConfig, LearnerConfig, minibatch_problem
 from reward.pool import PoolConfig
 from reward.tasks import TaskConfig
 from rollout.config import RolloutConfig
@@ -28,21 +30,32 @@ class ConfigError(ValueError):
     """A config value is invalid; the message starts with the key's path."""
 
 
+@contextlib.contextmanager
+def exit_on_config_error():
+    """The entry points' contract: a :class:`ConfigError` becomes one line on stderr and exit
+    status 2 (no traceback)."""
+    try:
+        yield
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
 @dataclass
 class TrainerConfig:
     """The driver loop."""
 
-    total_steps: int = field(default=80, metadata={"ge": 1})
+    total_steps: int = field(default=40, metadata={"ge": 1})
     seed: int = 0
-    eval_every: int = field(default=20, metadata={"ge": 0})
+    eval_every: int = field(default=10, metadata={"ge": 0})
     """Held-out evaluation every this many steps (and at step 0 and the last step); 0 = never."""
     eval_pass_k: int = field(default=8, metadata={"ge": 0})
     """Evaluation also samples this many answers per problem for ``eval/pass@k`` (0 = off)."""
     eval_temperature: float = field(default=1.0, metadata={"gt": 0.0})
     """Temperature of the pass@k samples (pass@1 ``eval/accuracy`` is greedy)."""
-    save_every: int = field(default=40, metadata={"ge": 0})
+    save_every: int = field(default=20, metadata={"ge": 0})
     """Checkpoint every this many steps (and at the last step); 0 = only at the last step."""
-    prompts_per_step: int = field(default=16, metadata={"ge": 1})
+    prompts_per_step: int = field(default=64, metadata={"ge": 1})
     """Prompts sampled per step; each gets rollout.n_samples samples (one group)."""
     run_dir: str | None = None
     """Holds metrics.jsonl, report.md, plots, checkpoints; null = Hydra's output directory."""
@@ -103,6 +116,13 @@ class TrainConfig:
     acr: MonitorConfig = field(default_factory=MonitorConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    def check(self) -> str | None:
+        n = self.trainer.prompts_per_step * self.rollout.n_samples
+        problem = minibatch_problem(n, self.learner.mini_batch_size, self.learner.num_ranks)
+        if problem:
+            return f"learner.mini_batch_size: {problem} (trainer.prompts_per_step x n_samples)"
+        return None
 
 
 _BOUNDS = (

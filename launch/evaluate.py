@@ -19,7 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from launch.config import ConfigError, to_train_config
+from launch.config import exit_on_config_error, to_train_config
 from reward.tasks import Problem
 from rollout.types import Group, SamplingConfig
 
@@ -70,14 +70,13 @@ def evaluate(
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(raw: DictConfig) -> None:
-    try:
+    with exit_on_config_error():
         cfg = to_train_config(raw)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
     from launch.loop import Trainer
 
-    trainer = Trainer(cfg, Path.cwd(), log=lambda line: print(line, file=sys.stderr), learner=False)
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731  (stdout is the JSON result)
+    with exit_on_config_error():
+        trainer = Trainer(cfg, Path.cwd(), log=log, learner=False)
     try:
         metrics = trainer.evaluate()
     finally:

@@ -216,7 +216,7 @@ class Trainer:
             verifier_reasons=[v.reason for v in r.verdicts],
         )
         t2 = time.perf_counter()
-        self.rollout.push_weights(self.learner.export_weights(), version=step)
+        self.rollout.push_weights(self.learner.export_weights_ref(), version=step)
         t3 = time.perf_counter()
         lengths = [len(s.response_ids) for g in r.groups for s in g.samples]
         metrics |= r.metrics | {

@@ -44,8 +44,8 @@ EXCLUDES = [
     ".venv", ".git", "outputs", "multirun", "wandb", "build", "__pycache__", "*.egg-info",
     ".ruff_cache", ".pytest_cache", ".hypothesis", ".env",
 ]  # fmt: skip
-ENV_VARS = {"PYTHONUNBUFFERED": "1"}  # not TOKENIZERS_PARALLELISM: launch.cluster.init_ray sets
-# it in its ray.init runtime_env, and Ray refuses a job whose driver repeats a job env var key.
+ENV_VARS = {"PYTHONUNBUFFERED": "1"}  # launch.cluster.init_ray adds TOKENIZERS_PARALLELISM
+# itself when absent (Ray refuses a job driver whose runtime env repeats a job env var key).
 HTTP_TIMEOUT_S = (10.0, 120.0)  # (connect, read) for every request to the dashboard
 
 

@@ -10,24 +10,20 @@ the resolved ``config.yaml`` and ``metrics.jsonl``.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from launch.config import ConfigError, to_train_config
+from launch.config import exit_on_config_error, to_train_config
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(raw: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    try:
+    with exit_on_config_error():
         cfg = to_train_config(raw)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
     run_dir = Path(cfg.trainer.run_dir or HydraConfig.get().runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
@@ -35,11 +31,8 @@ def main(raw: DictConfig) -> None:
 
     from launch.loop import Trainer
 
-    try:
+    with exit_on_config_error():
         trainer = Trainer(cfg, run_dir, log=lambda line: print(line, flush=True))
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
     try:
         final = trainer.run()
     finally:

@@ -67,9 +67,9 @@ class LearnerConfig:
     zero_stage: int = field(default=2, metadata={"ge": 0, "le": 3})
     """DeepSpeed ZeRO stage 0-3. Stages 1-3 skip a step whose grad norm is not finite by
     themselves; for stage 0 the rank checks its gradients and all ranks skip together."""
-    lr: float = field(default=3e-5, metadata={"gt": 0.0})
-    """3e-5 for the tiny default (measured: 1e-4 flat, 2e-4 and up degrade it); real models
-    want ~1e-6."""
+    lr: float = field(default=1e-4, metadata={"gt": 0.0})
+    """1e-4 for the tiny default with 64 x 8 samples per step (docs/NOTES.md: with 16 x 8 it was
+    flat, 2e-4 and up degraded it); real models want ~1e-6."""
     weight_decay: float = field(default=0.0, metadata={"ge": 0.0})
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     adam_eps: float = field(default=1e-8, metadata={"gt": 0.0})
@@ -78,10 +78,31 @@ class LearnerConfig:
     grad_clip: float = field(default=1.0, metadata={"gt": 0.0})
     micro_batch_size: int = field(default=32, metadata={"ge": 1})
     """Samples per forward/backward on one rank."""
-    mini_batch_size: int | None = field(default=None, metadata={"ge": 1})
-    """Samples per optimizer step over all ranks; null = the whole step's batch."""
+    mini_batch_size: int | None = field(default=256, metadata={"ge": 1})
+    """At most this many samples per optimizer step (over all ranks): a step's batch of n
+    samples makes ceil(n / mini_batch_size) equal mini-batches, one optimizer step each; null =
+    one optimizer step per training step. Default: 2 steps for the default 64 x 8 samples."""
     ppo_epochs: int = field(default=1, metadata={"ge": 1})
     num_cpus_per_rank: float = field(default=1.0, metadata={"ge": 0.0})
     num_gpus_per_rank: float = field(default=0.0, metadata={"ge": 0.0})
     timeout_s: float = field(default=900.0, metadata={"gt": 0.0})
     seed: int = 0
+
+
+def minibatch_problem(n: int, mini_batch_size: int | None, num_ranks: int) -> str | None:
+    """Why a batch of ``n`` samples cannot be split into ceil(n / mini_batch_size) equal
+    mini-batches with equal sample counts per rank (None when it can).
+
+    >>> minibatch_problem(512, 256, 2), minibatch_problem(24, 256, 2)
+    (None, None)
+    >>> minibatch_problem(384, 256, 2)  # 2 mini-batches of 192
+    >>> minibatch_problem(300, 256, 4)[-65:]
+    'gives 150 per mini-batch, not a multiple of learner.num_ranks (4)'
+    """
+    m = -(-n // (mini_batch_size or n))  # ceil
+    if n % m or (n // m) % num_ranks:
+        return (
+            f"a batch of {n} samples in {m} mini-batches of at most {mini_batch_size or n} gives "
+            f"{n / m:g} per mini-batch, not a multiple of learner.num_ranks ({num_ranks})"
+        )
+    return None

@@ -17,9 +17,9 @@ from diagnostics.acr import ACRMonitor, MonitorConfig
 from learner import checkpoint
 from learner.advantage_stage import AdvantageStage
 from learner.batch import TrainBatch, build_batch, shard_by_tokens
-from learner.config import AlgorithmConfig, LearnerConfig
+from learner.config import AlgorithmConfig, LearnerConfig, minibatch_problem
 from learner.rank import LearnerRank
-from rollout.actors import get, spawn_actor_group
+from rollout.actors import ActorGroupError, get, spawn_actor_group
 from rollout.types import Group
 
 
@@ -68,12 +68,10 @@ class LearnerGroup:
     def _minibatches(self, batch: TrainBatch) -> tuple[list[list[TrainBatch]], list]:
         """Per rank, its mini-batches; and each mini-batch's global (tokens, sequences)."""
         n, k = len(batch), self.cfg.num_ranks
-        size = self.cfg.mini_batch_size or n
-        if size % k or n % size:
-            raise ValueError(
-                f"mini_batch_size {size} must divide the batch ({n}) and be a "
-                f"multiple of learner.num_ranks ({k})"
-            )
+        problem = minibatch_problem(n, self.cfg.mini_batch_size, k)
+        if problem:
+            raise ValueError(problem)
+        size = n // -(-n // (self.cfg.mini_batch_size or n))  # n / ceil(n / mini_batch_size)
         per_rank: list[list[TrainBatch]] = [[] for _ in range(k)]
         totals = []
         for start in range(0, n, size):
@@ -144,6 +142,18 @@ class LearnerGroup:
             what="weight export",
         )
         return states if every_rank else states[0]
+
+    def export_weights_ref(self):
+        """Rank 0's full state dict as an ObjectRef, left in the object store for the rollout
+        workers to read (it never passes through the driver); every rank takes part (ZeRO-3)."""
+        import ray
+
+        refs = [r.export_weights.remote(False) for r in self.ranks]
+        get(refs[1:], timeout_s=self.cfg.timeout_s, what="weight export")  # None each
+        done, _ = ray.wait(refs[:1], timeout=self.cfg.timeout_s, fetch_local=False)
+        if not done:
+            raise ActorGroupError(f"weight export: no answer within {self.cfg.timeout_s:.0f} s")
+        return refs[0]
 
     def save_checkpoint(self, root: str, step: int, extra: dict | None = None) -> str:
         """A complete checkpoint of the learner (all ranks) with the advantage stage's and the

@@ -188,7 +188,9 @@ class LearnerRank:
         want = every_rank or self.rank == 0
 
         def snapshot():
-            return {k: v.detach().clone() for k, v in module.state_dict().items()} if want else None
+            if not want:
+                return None
+            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
         if self.cfg.zero_stage == 3:
             with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):

@@ -21,7 +21,7 @@ from rollout.actors import get
 
 
 class WeightTransport(Protocol):
-    def push(self, named_tensors: dict[str, torch.Tensor], version: int) -> float:
+    def push(self, named_tensors: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> float:
         """Send the weights; returns the seconds it took until every engine had loaded them."""
 
 
@@ -29,10 +29,14 @@ class ObjectStoreTransport:
     def __init__(self, workers: list, *, timeout_s: float):
         self.workers, self.timeout_s = workers, timeout_s
 
-    def push(self, named_tensors: dict[str, torch.Tensor], version: int) -> float:
+    def push(self, named_tensors: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> float:
+        """``named_tensors``: a state dict, or the ref of one already in the object store (a
+        learner rank's ``export_weights`` result: then the weights never pass the driver)."""
         t0 = time.perf_counter()
-        cpu = {k: v.detach().to("cpu").contiguous() for k, v in named_tensors.items()}
-        ref = ray.put(cpu)
+        if isinstance(named_tensors, ray.ObjectRef):
+            ref = named_tensors
+        else:
+            ref = ray.put({k: v.detach().to("cpu").contiguous() for k, v in named_tensors.items()})
         get(
             [w.load_weights.remote(ref, version) for w in self.workers],
             timeout_s=self.timeout_s,

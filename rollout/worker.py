@@ -104,8 +104,9 @@ class RolloutGroup:
         parts = get(calls, timeout_s=self.cfg.timeout_s, what="rollout generation")
         return [group for part in parts for group in part]
 
-    def push_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> float:
-        """Load new weights into every engine; returns the sync time in seconds."""
+    def push_weights(self, named_tensors, version: int) -> float:
+        """Load new weights (a state dict, or an ObjectRef to one) into every engine; returns
+        the sync time in seconds."""
         return self.transport.push(named_tensors, version)
 
     def policy_versions(self) -> list[int]:

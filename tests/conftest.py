@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import os
 
@@ -24,6 +25,19 @@ FAST_TINY = TinyConfig(
     sft_levels=[0, 1, 2],
     seed=0,
 )
+
+
+def fast_tiny_overrides(tiny_model_dir: str) -> list[str]:
+    """Hydra overrides that select the session's FAST_TINY model (built by the ``tiny_model_dir``
+    fixture, so a run finds it in the cache) and the easy task level it handles (L1)."""
+    default = TinyConfig()
+    tiny = [
+        f"model.tiny.{f.name}={getattr(FAST_TINY, f.name)}"
+        for f in dataclasses.fields(TinyConfig)
+        if getattr(FAST_TINY, f.name) != getattr(default, f.name)
+    ]
+    cache = os.path.dirname(tiny_model_dir)
+    return [f"model.cache_dir={cache}", *tiny, "task.difficulty=1", "task.num_test=32"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import pytest
 
+from tests.conftest import fast_tiny_overrides
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SECRET = f"sentinel-{uuid.uuid4().hex}"
@@ -187,7 +189,6 @@ def test_bad_override_is_not_submitted(ray_head, client):
 def test_two_step_run_as_ray_job(ray_head, client, tmp_path, tiny_model_dir):
     from ray.job_submission import JobStatus
 
-    cache = str(Path(tiny_model_dir).parent)  # the session's small tiny model, already built
     run_dir = tmp_path / "run"  # absolute: the job's cwd is Ray's copy of the working dir
     overrides = [
         "trainer.total_steps=2",
@@ -198,16 +199,7 @@ def test_two_step_run_as_ray_job(ray_head, client, tmp_path, tiny_model_dir):
         "verifier.num_workers=1",
         f"trainer.run_dir={run_dir}",
         f"hydra.run.dir={tmp_path / 'hydra'}",
-        f"model.cache_dir={cache}",
-        # the session fixture's small variant (tests/conftest.py FAST_TINY), not the default
-        "model.tiny.hidden_size=128",
-        "model.tiny.num_heads=4",
-        "model.tiny.intermediate_size=384",
-        "model.tiny.sft_steps=150",
-        "model.tiny.sft_lr=3e-3",
-        "model.tiny.sft_levels=[0,1,2]",
-        "task.difficulty=1",
-        "task.num_test=32",
+        *fast_tiny_overrides(tiny_model_dir),  # the session's small model, already built
     ]
     job_id = f"avspo-test-{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import ray
 import torch
 
 from learner.batch import build_batch, token_logprobs
@@ -105,6 +106,7 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     try:
         metrics = group.train_on(batch)
         states = group.export_weights(every_rank=True)
+        ref = group.export_weights_ref()  # what the driver hands the rollout workers
     finally:
         group.shutdown()
     expected = _reference_update(tiny_model_dir, batch, cfg)
@@ -123,14 +125,18 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
             )
     for k in expected:
         assert torch.equal(states[0][k], states[1][k])
-    # The exported weights drive the rollout weight sync: an engine that loads them scores a
-    # sequence exactly as the reference model with the updated weights does.
+    by_ref = ray.get(ref, timeout=60)
+    assert by_ref.keys() == states[0].keys()
+    assert all(torch.equal(by_ref[k], states[0][k]) for k in by_ref)
+    # The exported weights drive the rollout weight sync (the ref is passed on as is): an engine
+    # that loads them scores a sequence exactly as the reference model with them does.
     from rollout.config import RolloutConfig
     from rollout.worker import RolloutGroup
 
     rollout = RolloutGroup(RolloutConfig(engine="hf", num_workers=1), tiny_model_dir)
     try:
-        rollout.push_weights(group_state := states[0], version=1)
+        rollout.push_weights(ref, version=1)
+        group_state = states[0]
         prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]
         got = torch.tensor(rollout.score(prompt_ids, response_ids))
     finally:

@@ -29,8 +29,26 @@ def test_every_algorithm_preset_composes(name):
     assert (cfg.algorithm.trigger.policy == "adaptive") == (name == "avspo")
 
 
-def test_default_is_avspo_with_paper_values():
-    a = load().algorithm
+def test_default_is_avspo_fast_differing_from_the_paper_only_in_the_trigger():
+    """DESIGN.md section 8: the embedded default may move the trigger faster; nothing else."""
+    from dataclasses import asdict
+
+    fast, paper = asdict(load().algorithm), asdict(load("algorithm=avspo").algorithm)
+    assert (fast["name"], fast["trigger"]["tau_adapt_0"], fast["trigger"]["eta"]) == (
+        "avspo_fast",
+        0.3,
+        0.05,
+    )
+    differ = {k for k in fast if fast[k] != paper[k]}
+    assert differ == {"name", "trigger"}
+    assert {k for k in fast["trigger"] if fast["trigger"][k] != paper["trigger"][k]} == {
+        "tau_adapt_0",
+        "eta",
+    }
+
+
+def test_avspo_preset_has_the_paper_values():
+    a = load("algorithm=avspo").algorithm
     assert (a.estimator, a.avspo.alpha, a.avspo.strategy, a.avspo.r_anchor) == (
         "avspo",
         0.5,
@@ -144,11 +162,16 @@ def test_dataclass_defaults_are_the_embedded_default_presets():
     from dataclasses import asdict
 
     from launch.bootstrap import ModelConfig
+    from learner.config import AlgorithmConfig
+    from learner.trigger import TriggerConfig
     from reward.tasks import TaskConfig
     from rollout.config import RolloutConfig
 
     cfg = load()
-    assert asdict(cfg) == asdict(TrainConfig(rollout=RolloutConfig(max_model_len=64)))
+    fast = AlgorithmConfig(name="avspo_fast", trigger=TriggerConfig(tau_adapt_0=0.3, eta=0.05))
+    expected = TrainConfig(algorithm=fast, rollout=RolloutConfig(max_model_len=64))
+    assert asdict(cfg) == asdict(expected)
+    assert asdict(load("algorithm=avspo").algorithm) == asdict(AlgorithmConfig())  # the paper
     assert asdict(cfg.model) == asdict(ModelConfig())
     assert asdict(cfg.task) == asdict(TaskConfig())
     assert asdict(cfg.rollout) == asdict(RolloutConfig(max_model_len=64))
