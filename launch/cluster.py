@@ -71,13 +71,15 @@ class Placement:
         )
 
 
-def reserve(cfg: TrainConfig) -> dict[str, Placement | None]:
+def reserve(
+    cfg: TrainConfig, stages: tuple[str, ...] = ("rollout", "verifier", "learner")
+) -> dict[str, Placement | None]:
     """One placement group per stage, ready within ``cluster.ready_timeout_s``, or an error
     naming the stage and its bundles; ``{stage: None}`` when placement groups are off."""
     import ray
     from ray.util.placement_group import placement_group
 
-    bundles = stage_bundles(cfg)
+    bundles = {stage: b for stage, b in stage_bundles(cfg).items() if stage in stages}
     if not cfg.cluster.placement_groups:
         return {stage: None for stage in bundles}
     groups = {

@@ -98,7 +98,9 @@ class Trainer:
             self.model_path = str(self.resume_from / "model")
         pad_id = AutoTokenizer.from_pretrained(self.model_path).pad_token_id or 0
         init_ray(cfg)
-        placement = reserve(cfg)
+        placement = reserve(
+            cfg, ("rollout", "verifier", "learner") if learner else ("rollout", "verifier")
+        )
         self.rollout = RolloutGroup(
             cfg.rollout, self.model_path, cfg.model.dtype, placement=placement["rollout"]
         )

@@ -82,3 +82,5 @@ def test_placement_groups_can_be_turned_off():
     cfg = _small()
     cfg.cluster.placement_groups = False
     assert reserve(cfg) == {"rollout": None, "verifier": None, "learner": None}
+    # evaluation reserves no learner
+    assert reserve(cfg, ("rollout", "verifier")) == {"rollout": None, "verifier": None}
