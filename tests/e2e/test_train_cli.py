@@ -218,3 +218,36 @@ def test_default_run_raises_held_out_accuracy(tmp_path):
     assert rise >= 0.02, (start, end)
     assert end["eval/accuracy"] >= start["eval/accuracy"] - 0.03
     assert (run_dir / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_dapo_dynamic_sampling_with_real_actors(tmp_path, tiny_model_dir):
+    """algorithm=dapo: each round generates prompts_per_step groups; a step stops generating
+    once it has prompts_per_step informative groups (then the trained batch has no collapsed
+    group) or after max_rounds rounds."""
+    run_dir = tmp_path / "dapo"
+    per_step, max_rounds = 8, 3
+    run_train(
+        run_dir,
+        *fast_tiny_overrides(tiny_model_dir),
+        "rollout=hf",
+        "algorithm=dapo",
+        f"algorithm.dynamic_sampling.max_rounds={max_rounds}",
+        f"trainer.prompts_per_step={per_step}",
+        "trainer.total_steps=3",
+        "trainer.eval_every=0",
+        "trainer.eval_pass_k=0",
+        "logger.report=false",
+    )
+    got = rows(run_dir)
+    for step in (1, 2, 3):
+        r = got[step]
+        rounds = r["dapo/rounds"]
+        assert 1 <= rounds <= max_rounds
+        assert r["dapo/generated_groups"] == rounds * per_step
+        if r["dapo/informative_groups"] == per_step:
+            assert r["acr/raw"] == 0.0  # only informative groups were trained on
+        else:
+            assert rounds == max_rounds  # gave up only after the last round
+            assert r["acr/raw"] == pytest.approx(1 - r["dapo/informative_groups"] / per_step)
+        assert r["avspo/triggered"] == 0.0  # DAPO uses GRPO advantages
