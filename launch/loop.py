@@ -101,8 +101,13 @@ class Trainer:
         placement = reserve(
             cfg, ("rollout", "verifier", "learner") if learner else ("rollout", "verifier")
         )
+        # vLLM engines start (~30 s on CPU) while the verifier and learner ranks start.
         self.rollout = RolloutGroup(
-            cfg.rollout, self.model_path, cfg.model.dtype, placement=placement["rollout"]
+            cfg.rollout,
+            self.model_path,
+            cfg.model.dtype,
+            placement=placement["rollout"],
+            wait=False,
         )
         self.verifier = spawn_actor_group(
             VerifierActor, 1, cfg.verifier, num_cpus=1, placement=placement["verifier"]
@@ -119,6 +124,7 @@ class Trainer:
                 pad_id=pad_id,
                 placement=placement["learner"],
             )
+        self.rollout.wait_ready()
         self.sampler = PromptSampler(self.task.train, cfg.trainer.seed)
         self.accuracy_start: float | None = None
 

@@ -69,7 +69,17 @@ class RolloutWorker:
 
 
 class RolloutGroup:
-    def __init__(self, cfg: RolloutConfig, model_path: str, dtype: str = "float32", placement=None):
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        dtype: str = "float32",
+        placement=None,
+        wait: bool = True,
+    ):
+        """Spawns the workers; with ``wait`` (default) also waits until their engines are up.
+        ``wait=False`` lets the caller start other actors meanwhile, then call
+        :meth:`wait_ready` (vLLM takes ~30 s to start on CPU)."""
         self.cfg = cfg
         self.workers = spawn_actor_group(
             RolloutWorker,
@@ -81,12 +91,17 @@ class RolloutGroup:
             num_gpus=cfg.num_gpus_per_worker,
             placement=placement,
         )
-        self.engines = get(
-            [w.ready.remote() for w in self.workers],
-            timeout_s=cfg.start_timeout_s,
-            what="starting rollout workers",
-        )
+        self._ready = [w.ready.remote() for w in self.workers]
         self.transport = TRANSPORTS[cfg.weight_sync](self.workers, timeout_s=cfg.timeout_s)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> list[str]:
+        """Wait (``rollout.start_timeout_s``) until every engine is up; returns their names."""
+        self.engines = get(
+            self._ready, timeout_s=self.cfg.start_timeout_s, what="starting rollout workers"
+        )
+        return self.engines
 
     def generate(self, prompts: list[str], params: SamplingConfig | None = None) -> list[Group]:
         """Groups of ``params.n`` samples for each prompt, in prompt order. Prompts are split
