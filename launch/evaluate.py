@@ -10,6 +10,7 @@ share of problems with at least one correct sample.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -74,7 +75,7 @@ def main(raw: DictConfig) -> None:
         cfg = to_train_config(raw)
     from launch.loop import Trainer
 
-    log = lambda line: print(line, file=sys.stderr)  # noqa: E731  (stdout is the JSON result)
+    log = functools.partial(print, file=sys.stderr)  # stdout is the JSON result
     with exit_on_config_error():
         trainer = Trainer(cfg, Path.cwd(), log=log, learner=False)
     try:

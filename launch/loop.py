@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -36,11 +37,13 @@ from launch.cluster import init_ray, reserve
 from launch.config import ConfigError, TrainConfig
 from launch.evaluate import evaluate
 from learner import checkpoint
+from learner.config import DynamicSamplingConfig
 from reward.tasks import Problem, make_task
 from rollout.actors import get, spawn_actor_group
 from rollout.types import Group
 
 SEED_STRIDE = 1_000_003  # trainer.seed * stride + step: distinct seeds for every (seed, step)
+MAX_ROUNDS = DynamicSamplingConfig.MAX_ROUNDS  # (seed-step) * MAX_ROUNDS + round: per round
 
 
 class PromptSampler:
@@ -170,7 +173,7 @@ class Trainer:
         rounds = dyn.max_rounds if dyn.enabled else 1
         for rnd in range(rounds):
             problems = self.sampler.next(want)
-            seed = (self.cfg.trainer.seed * SEED_STRIDE + step) * 16 + rnd
+            seed = (self.cfg.trainer.seed * SEED_STRIDE + step) * MAX_ROUNDS + rnd
             params = dataclasses.replace(
                 self.cfg.rollout.sampling, n=self.cfg.rollout.n_samples, seed=seed
             )
@@ -212,6 +215,10 @@ class Trainer:
             metrics=metrics,
         )
 
+    def sync_weights(self, version: int) -> None:
+        """Learner rank 0's weights -> object store -> every engine (never via the driver)."""
+        self.rollout.push_weights(self.learner.export_weights_ref(), version=version)
+
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         r = self.collect(step)
@@ -224,7 +231,7 @@ class Trainer:
             verifier_reasons=[v.reason for v in r.verdicts],
         )
         t2 = time.perf_counter()
-        self.rollout.push_weights(self.learner.export_weights_ref(), version=step)
+        self.sync_weights(step)
         t3 = time.perf_counter()
         lengths = [len(s.response_ids) for g in r.groups for s in g.samples]
         metrics |= r.metrics | {
@@ -276,8 +283,6 @@ class Trainer:
         if lg.tensorboard:
             sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
         if lg.wandb:
-            import os
-
             sinks.append(
                 WandbSink(
                     self.run_dir,
@@ -302,7 +307,7 @@ class Trainer:
         step = int(state["step"])
         self.sampler.load_state_dict(state["extra"]["sampler"])
         self.accuracy_start = state["extra"]["accuracy_start"]
-        self.rollout.push_weights(self.learner.export_weights(), version=step)
+        self.sync_weights(step)
         truncate_metrics(self.run_dir / "metrics.jsonl", step)
         self.log(f"resumed from {self.resume_from} at step {step}")
         return step

@@ -8,6 +8,7 @@ Presets live in ``conf/algorithm/*.yaml``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from learner.advantage import ESTIMATORS, STRATEGIES
 from learner.loss import LossConfig
@@ -35,8 +36,10 @@ class DynamicSamplingConfig:
     ``trainer.prompts_per_step`` informative groups, for at most ``max_rounds`` generation rounds
     (then the step trains on what it has, topped up with dropped groups so its size is fixed)."""
 
+    MAX_ROUNDS: ClassVar[int] = 16  # each round's sampling seed is distinct up to this many
+
     enabled: bool = False
-    max_rounds: int = field(default=3, metadata={"ge": 1})
+    max_rounds: int = field(default=3, metadata={"ge": 1, "le": MAX_ROUNDS})
 
 
 @dataclass

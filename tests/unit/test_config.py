@@ -104,6 +104,11 @@ def test_wrong_type_names_its_path():
         ("trainer.total_steps=0", "trainer.total_steps: must be >= 1"),
         ("acr.ema_beta=1.0", "acr.ema_beta: must be < 1.0"),
         ("learner.zero_stage=4", "learner.zero_stage: must be <= 3"),
+        # each round's seed is (seed-step) * 16 + round: more rounds would reuse seeds
+        (
+            "algorithm.dynamic_sampling.max_rounds=17",
+            "algorithm.dynamic_sampling.max_rounds: must be <= 16",
+        ),
     ],
 )
 def test_bad_values_name_their_key(override, message):
