@@ -1,14 +1,19 @@
-"""The transformers engine: batched ``generate`` with left padding and KV cache on any torch
+"""The transformers engine: a batched decode loop with left padding and KV cache on any torch
 device. The reference for log-prob checks and the fallback when vLLM is not installed.
 
-Log-probs come from the raw logits of each generation step (``output_logits``), so they are the
-model's own distribution at temperature 1, whatever the sampling temperature (rollout/types.py).
+Sampling follows the contract of rollout/seeding.py: row (prompt p, sample j) draws from its own
+``torch.Generator`` seeded with ``sample_seed(seed, p, j)``, by inverse-CDF sampling of
+softmax(logits / T), so two copies of a prompt in one call give independent samples and a row's
+draws do not depend on the other rows. ``Sample.logprobs`` are log-probs of the distribution
+that was sampled, log_softmax(logits / T) (log_softmax(logits) when greedy), as vLLM's
+``processed_logprobs`` mode returns them.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rollout.seeding import call_seed, sample_seed
 from rollout.types import Group, Sample, SamplingConfig
 
 
@@ -29,37 +34,58 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
-        tok = self.tokenizer
-        enc = tok(prompts, return_tensors="pt", padding=True).to(self.device)
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-        greedy = params.temperature == 0
-        # n copies of each prompt (transformers refuses num_return_sequences > 1 when greedy)
-        batch = {k: v.repeat_interleave(params.n, dim=0) for k, v in enc.items()}
-        out = self.model.generate(
-            **batch,
-            max_new_tokens=params.max_new_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p,
-            top_k=None,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-        )
-        width = enc["input_ids"].shape[1]
-        new = out.sequences[:, width:]  # [B*n, T]
-        logits = torch.stack(out.logits, dim=1).float()  # [B*n, T, V] raw, before processors
-        logp = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        tok, n = self.tokenizer, params.n
+        enc = tok(prompts, return_tensors="pt", padding=True)
+        ids = enc["input_ids"].repeat_interleave(n, dim=0).to(self.device)  # [R, P], R = B * n
+        mask = enc["attention_mask"].repeat_interleave(n, dim=0).to(self.device)
+        generators = None
+        if params.temperature > 0:
+            seed = call_seed(params.seed)
+            generators = [
+                torch.Generator(self.device).manual_seed(sample_seed(seed, r // n, r % n))
+                for r in range(ids.shape[0])
+            ]
+        new, logp = self._decode(ids, mask, params, generators)  # [R, T] each
         groups = []
         for i, prompt in enumerate(prompts):
             prompt_ids = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
-            samples = [
-                self._sample(new[i * params.n + j], logp[i * params.n + j]) for j in range(params.n)
-            ]
+            samples = [self._sample(new[i * n + j], logp[i * n + j]) for j in range(n)]
             groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, samples=samples))
         return groups
+
+    def _decode(self, ids, mask, params: SamplingConfig, generators):
+        """Token ids and their log-probs ``[R, T]``; rows stop at EOS (padded after it)."""
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        position = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at 0
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
+        past, step_ids, tokens, logps = None, ids, [], []
+        for _ in range(params.max_new_tokens):
+            out = self.model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=position,
+                past_key_values=past,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            past = out.past_key_values
+            logits = out.logits[:, -1].float()  # [R, V]
+            if generators is None:
+                logp_all = torch.log_softmax(logits, -1)
+                token = logits.argmax(-1)
+            else:
+                logp_all = torch.log_softmax(logits / params.temperature, -1)
+                token = _draw(logp_all, generators)
+            token = torch.where(done, torch.full_like(token, pad), token)
+            tokens.append(token)
+            logps.append(logp_all.gather(-1, token[:, None])[:, 0])
+            done |= token == eos
+            if bool(done.all()):
+                break
+            step_ids = token[:, None]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            position = position[:, -1:] + 1
+        return torch.stack(tokens, 1), torch.stack(logps, 1)
 
     def _sample(self, ids: torch.Tensor, logp: torch.Tensor) -> Sample:
         ids_list = ids.tolist()
@@ -75,11 +101,13 @@ class HFEngine:
         )
 
     @torch.no_grad()
-    def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
-        """Log-probs of ``response_ids`` given ``prompt_ids`` (teacher forcing)."""
+    def score(
+        self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
+        """Log-probs of ``response_ids`` given ``prompt_ids`` under softmax(logits / T)."""
         ids = torch.tensor([prompt_ids + response_ids], device=self.device)
         logits = self.model(input_ids=ids).logits.float()[0, len(prompt_ids) - 1 : -1]
-        logp = torch.log_softmax(logits, -1)
+        logp = torch.log_softmax(logits / temperature, -1)
         return logp.gather(-1, torch.tensor(response_ids, device=self.device)[:, None])[
             :, 0
         ].tolist()
@@ -93,3 +121,11 @@ class HFEngine:
                 f"unexpected {unexpected[:5]}"
             )
         self.policy_version = version
+
+
+def _draw(logp: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row from ``exp(logp) [R, V]``, row r with ``generators[r]`` (inverse CDF)."""
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
+    cdf = logp.double().exp().cumsum(-1)  # [R, V]
+    token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    return token.clamp(max=logp.shape[-1] - 1).to(logp.device)

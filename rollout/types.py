@@ -1,9 +1,11 @@
 """Record types of the rollout stage: what a generation request asks and what comes back.
 
 Plain dataclasses of Python values (token ids, floats, strings), cheap to send through Ray.
-``logprobs`` are the log-probabilities of the sampled tokens under the generating policy's
-*unmodified* distribution (temperature 1, no top-p), i.e. what the learner recomputes for the
-PPO ratio; both engines follow this convention.
+``logprobs`` are the log-probabilities of the sampled tokens under the distribution that was
+sampled, softmax(logits / T) over the whole vocabulary (no top-p), i.e. what the learner
+recomputes for the PPO ratio with its logits divided by the same T; both engines follow this
+convention. Every (prompt, sample) of a seeded call has its own random stream
+(rollout/seeding.py).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ class SamplingConfig:
     n: int = field(default=1, metadata={"ge": 1})
     """Samples per prompt (the group size G)."""
     temperature: float = field(default=1.0, metadata={"ge": 0.0})
-    """0 = greedy."""
-    top_p: float = field(default=1.0, metadata={"gt": 0.0, "le": 1.0})
+    """0 = greedy. The learner divides its logits by the same T (no top-p: the learner scores
+    the whole tempered distribution, DESIGN.md section 4)."""
     max_new_tokens: int = field(default=8, metadata={"ge": 1})
     seed: int | None = None
-    """Seed of the call; the same seed, prompts and weights give the same samples."""
+    """Seed of the call; the same seed, prompts and weights give the same samples; sample j of
+    the prompt at position p draws from its own stream (rollout/seeding.py)."""
 
 
 @dataclass

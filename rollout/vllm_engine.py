@@ -9,6 +9,11 @@ input/output embeddings the reload refreshes ``embed_tokens`` but leaves the pre
 ``lm_head`` stale, so the worker then re-runs the lm_head's ``process_weights_after_loading``
 (ENVIRONMENT.md; tests check log-prob agreement, not only that outputs changed).
 
+Sampling: every prompt of a call is its own request, seeded with ``prompt_seed(s, position)``;
+vLLM seeds its j-th child with + j (rollout/seeding.py), so every (prompt, sample) has its own
+stream. ``logprobs_mode="processed_logprobs"`` makes the returned log-probs those of the
+distribution that was sampled, log_softmax(logits / T), not of the raw logits.
+
 vLLM runs its engine core in a separate process; ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` lets
 ``collective_rpc`` ship the function and tensors there. On a GPU node use tensor_parallel_size.
 """
@@ -20,6 +25,7 @@ import os
 
 import torch
 
+from rollout.seeding import call_seed, prompt_seed
 from rollout.types import Group, Sample, SamplingConfig
 
 
@@ -60,6 +66,7 @@ class VLLMEngine:
             tensor_parallel_size=tensor_parallel_size,
             enforce_eager=enforce_eager,
             seed=0,
+            logprobs_mode="processed_logprobs",  # log-probs of softmax(logits / T)
         )
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
@@ -67,27 +74,26 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.policy_version = 0
 
-    def _params(self, params: SamplingConfig, **extra):
+    def _params(self, params: SamplingConfig, seed: int):
         from vllm import SamplingParams
 
-        greedy = params.temperature == 0
         return SamplingParams(
             n=params.n,
-            temperature=0.0 if greedy else params.temperature,
-            top_p=1.0 if greedy else params.top_p,
+            temperature=params.temperature,
+            top_p=1.0,
             max_tokens=params.max_new_tokens,
-            seed=params.seed,
+            seed=seed,
             logprobs=0,  # the sampled token's log-prob only
-            **extra,
         )
 
     def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
         from vllm.inputs import TokensPrompt
 
         prompt_ids = [self.tokenizer(p)["input_ids"] for p in prompts]
+        seed = call_seed(params.seed)
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
-            self._params(params),
+            [self._params(params, prompt_seed(seed, i)) for i in range(len(prompts))],
             use_tqdm=False,
         )
         groups = []

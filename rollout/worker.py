@@ -14,6 +14,7 @@ import torch
 
 from rollout.actors import get, spawn_actor_group
 from rollout.config import RolloutConfig
+from rollout.seeding import derive_seed
 from rollout.types import Group, SamplingConfig
 from rollout.weight_sync import TRANSPORTS
 
@@ -105,8 +106,9 @@ class RolloutGroup:
 
     def generate(self, prompts: list[str], params: SamplingConfig | None = None) -> list[Group]:
         """Groups of ``params.n`` samples for each prompt, in prompt order. Prompts are split
-        into contiguous, equal-sized chunks, one per worker; with a seed, chunk i uses seed + i,
-        so a run is reproducible for a given number of workers."""
+        into contiguous, equal-sized chunks, one per worker; with a seed s, worker i's call is
+        seeded with ``derive_seed(s, "worker", i)`` (its own streams), so a run is reproducible
+        for a given number of workers."""
         params = params or dataclasses.replace(self.cfg.sampling, n=self.cfg.n_samples)
         k = len(self.workers)
         bounds = [round(i * len(prompts) / k) for i in range(k + 1)]
@@ -114,7 +116,7 @@ class RolloutGroup:
         for i, w in enumerate(self.workers):
             chunk = prompts[bounds[i] : bounds[i + 1]]
             if chunk:
-                seed = None if params.seed is None else params.seed + i
+                seed = None if params.seed is None else derive_seed(params.seed, "worker", i)
                 calls.append(w.generate.remote(chunk, dataclasses.replace(params, seed=seed)))
         parts = get(calls, timeout_s=self.cfg.timeout_s, what="rollout generation")
         return [group for part in parts for group in part]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -17,10 +18,10 @@ PROMPTS = ["3+4=", "12+7=", "61-27=", "5-2=", "23+8="]
 PARAMS = SamplingConfig(n=4, temperature=1.0, max_new_tokens=6, seed=11)
 
 
-def _forward_logprobs(model, prompt_ids, response_ids):
+def _forward_logprobs(model, prompt_ids, response_ids, temperature=1.0):
     ids = torch.tensor([prompt_ids + response_ids])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits.float()[0, len(prompt_ids) - 1 : -1]
+        logits = model(input_ids=ids).logits.float()[0, len(prompt_ids) - 1 : -1] / temperature
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
 
 
@@ -40,10 +41,13 @@ def reference_model(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_groups_in_order_with_forward_consistent_logprobs(group, reference_model):
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_groups_in_order_with_forward_consistent_logprobs(group, reference_model, temperature):
+    """Log-probs are those of the distribution sampled, softmax(logits / T), for both engines
+    (on the old code both reported T = 1 log-probs, so T = 0.6 failed)."""
     engine, g = group
     assert set(g.engines) == {"HFEngine" if engine == "hf" else "VLLMEngine"}
-    groups = g.generate(PROMPTS, PARAMS)
+    groups = g.generate(PROMPTS, dataclasses.replace(PARAMS, temperature=temperature))
     assert [grp.prompt for grp in groups] == PROMPTS  # spread over 2 workers, back in order
     for grp in groups:
         assert len(grp.samples) == PARAMS.n
@@ -53,9 +57,26 @@ def test_groups_in_order_with_forward_consistent_logprobs(group, reference_model
             assert s.finish_reason in ("stop", "length")
             assert (s.finish_reason == "stop") == (s.response_ids[-1] == 2)  # </s> id 2
             assert s.policy_version == 0
-            ref = _forward_logprobs(reference_model, grp.prompt_ids, s.response_ids)
+            ref = _forward_logprobs(reference_model, grp.prompt_ids, s.response_ids, temperature)
             assert torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-5), (engine, grp.prompt)
     assert any(s.finish_reason == "stop" for grp in groups for s in grp.samples)
+
+
+@pytest.mark.slow
+def test_copies_of_a_prompt_in_one_call_are_independent(group):
+    """Every (prompt position, sample) has its own stream: 4 copies of one prompt give 4
+    different groups (the old code seeded every prompt of a call alike, so vLLM returned 4
+    identical groups), spread over both workers, and reproducibly."""
+    _, g = group
+    params = SamplingConfig(n=8, temperature=1.0, max_new_tokens=6, seed=5)
+    prompts = ["12+7="] * 4  # a prompt the tiny model answers in several ways
+    groups = g.generate(prompts, params)
+    ids = [tuple(tuple(s.response_ids) for s in grp.samples) for grp in groups]
+    assert len(set(ids)) == 4, ids
+    within = [len({s for s in grp}) for grp in ids]
+    assert max(within) > 1  # samples of one prompt differ too
+    again = g.generate(prompts, params)
+    assert ids == [tuple(tuple(s.response_ids) for s in grp.samples) for grp in again]
 
 
 @pytest.mark.slow
