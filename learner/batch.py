@@ -9,7 +9,7 @@ right-padded batch of ``prompt + response`` sequences:
 - ``advantages [B]``; ``policy_version [B]``.
 
 Position t of the per-token tensors belongs to token ``input_ids[:, t]``, predicted from the
-logits at t - 1 (:func:`token_logprobs`).
+logits at t - 1 (learner/logprobs.py).
 
 Sharding over ranks (:func:`shard_by_tokens`): every rank gets the same number of samples (so all
 ranks run the same number of micro-steps and collectives), and response tokens are balanced by a
@@ -43,6 +43,7 @@ class TrainBatch:
     old_logprobs: Tensor  # [B, T] float, generating policy's log-probs on response tokens
     advantages: Tensor  # [B] float
     policy_version: Tensor  # [B] long
+    is_weights: Tensor | None = None  # [B, T] truncated IS weights (learner recompute mode)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -63,11 +64,16 @@ class TrainBatch:
             old_logprobs=self.old_logprobs[rows, :width],
             advantages=self.advantages[rows],
             policy_version=self.policy_version[rows],
+            is_weights=None if self.is_weights is None else self.is_weights[rows, :width],
         )
 
 
-def build_batch(groups: list[Group], advantages: Tensor, *, pad_id: int) -> TrainBatch:
-    """One row per sample, in group order then sample order (the order advantages follow)."""
+def build_batch(
+    groups: list[Group], advantages: Tensor, *, pad_id: int, masked_out: Tensor | None = None
+) -> TrainBatch:
+    """One row per sample, in group order then sample order (the order advantages follow).
+    ``masked_out [B]`` (bool, optional): samples whose tokens stay out of the loss (response
+    mask 0; DAPO's overlong filter)."""
     rows = [(g.prompt_ids, s) for g in groups for s in g.samples]
     if len(rows) != advantages.numel():
         raise ValueError(f"{len(rows)} samples but {advantages.numel()} advantages")
@@ -83,7 +89,7 @@ def build_batch(groups: list[Group], advantages: Tensor, *, pad_id: int) -> Trai
             raise ValueError(f"sample {i}: {r} response tokens but {len(s.logprobs)} log-probs")
         input_ids[i, : p + r] = torch.tensor(prompt + s.response_ids)
         attention[i, : p + r] = 1
-        response[i, p : p + r] = 1.0
+        response[i, p : p + r] = 0.0 if masked_out is not None and masked_out[i] else 1.0
         old[i, p : p + r] = torch.tensor(s.logprobs)
     return TrainBatch(
         input_ids=input_ids,
@@ -93,19 +99,6 @@ def build_batch(groups: list[Group], advantages: Tensor, *, pad_id: int) -> Trai
         advantages=advantages.detach().to(torch.float32).reshape(-1),
         policy_version=torch.tensor([s.policy_version for _, s in rows], dtype=torch.long),
     )
-
-
-def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
-    """Log-prob of each token under the logits of the position before it -> ``[B, T]``
-    (position 0 gets 0). ``logits [B, T, V]`` from a causal LM over ``input_ids [B, T]``.
-
-    >>> logits = torch.zeros(1, 3, 4)  # uniform over 4 tokens
-    >>> token_logprobs(logits, torch.tensor([[0, 1, 2]])).tolist()  # 0, log(1/4), log(1/4)
-    [[0.0, -1.3862943649291992, -1.3862943649291992]]
-    """
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
-    return torch.nn.functional.pad(picked, (1, 0))
 
 
 def shard_by_tokens(batch: TrainBatch, num_ranks: int) -> list[list[int]]:

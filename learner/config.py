@@ -8,7 +8,6 @@ Presets live in ``conf/algorithm/*.yaml``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from learner.advantage import ESTIMATORS, STRATEGIES
 from learner.loss import LossConfig
@@ -34,12 +33,28 @@ class DynamicSamplingConfig:
     """DAPO's dynamic sampling (Yu et al. 2025), run by the driver: groups whose rewards are all
     equal are dropped and more prompts are generated until the step has
     ``trainer.prompts_per_step`` informative groups, for at most ``max_rounds`` generation rounds
-    (then the step trains on what it has, topped up with dropped groups so its size is fixed)."""
-
-    MAX_ROUNDS: ClassVar[int] = 16  # each round's sampling seed is distinct up to this many
+    (then the step trains on what it has, topped up with dropped groups so its size is fixed).
+    The ACR monitor sees every generated group (``acr/raw``: before the filter); the trained
+    batch's collapse is ``acr/trained``."""
 
     enabled: bool = False
-    max_rounds: int = field(default=3, metadata={"ge": 1, "le": MAX_ROUNDS})
+    max_rounds: int = field(default=3, metadata={"ge": 1})
+
+
+@dataclass
+class OverlongConfig:
+    """DAPO's overlong handling (Yu et al. 2025, arXiv 2503.14476, section 3.4), off by default.
+
+    With L_max = ``rollout.sampling.max_new_tokens`` and L_cache = ``buffer_len``, a response of
+    |y| tokens gets the reward ``r + penalty(|y|)``,
+    penalty = -factor * max(0, |y| - (L_max - L_cache)) / L_cache (0 .. -factor at L_max);
+    ``filter`` masks truncated responses (finish reason "length") out of the loss."""
+
+    shaping: bool = False
+    buffer_len: int = field(default=4, metadata={"ge": 1})
+    """L_cache in tokens (DAPO: 4,096 of 20,480); must be < the max response length."""
+    penalty_factor: float = field(default=1.0, metadata={"ge": 0.0})
+    filter: bool = False
 
 
 @dataclass
@@ -49,17 +64,19 @@ class AlgorithmConfig:
     name: str = "avspo"
     """Preset name, for logs and run directories."""
     estimator: str = field(default="avspo", metadata={"choices": lambda: tuple(ESTIMATORS)})
-    """Registered advantage estimator: grpo | dr_grpo | rloo | avspo."""
+    """Registered advantage estimator: grpo | dr_grpo | rloo | avspo | avspo_release."""
     eps: float = field(default=1e-6, metadata={"ge": 0.0})
     """Added to the std in GRPO-style normalisation (ours; TRL uses 1e-4)."""
     tau: float = field(default=1e-6, metadata={"ge": 0.0})
-    """Collapse threshold on a group's population reward std."""
+    """Collapse threshold on a group's population reward std: the one threshold of the
+    estimators, the trigger's ACR_t, the ACR monitor and DAPO's filter."""
     unbiased_std: bool = True
     """Advantage std divides by G - 1 (TRL, verl) rather than G."""
     avspo: AvspoConfig = field(default_factory=AvspoConfig)
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
 
 
 @dataclass
@@ -86,6 +103,14 @@ class LearnerConfig:
     samples makes ceil(n / mini_batch_size) equal mini-batches, one optimizer step each; null =
     one optimizer step per training step. Default: 2 steps for the default 64 x 8 samples."""
     ppo_epochs: int = field(default=1, metadata={"ge": 1})
+    old_logprobs: str = field(default="bypass", metadata={"choices": ("bypass", "recompute")})
+    """Old log-probs of the PPO ratio: ``bypass`` takes the engine's (right when engine and
+    learner compute the same numbers: fp32 on CPU, measured gap ~1e-6); ``recompute`` runs a
+    no-grad learner forward before the first update and weights each token's loss by
+    min(exp(logp_learner_old - logp_engine), tis_cap) (bf16, GPUs: the GPU cluster presets)."""
+    tis_cap: float | None = field(default=2.0, metadata={"ge": 1.0})
+    """Truncated importance-sampling cap in ``recompute`` mode (authors' code, TRL: 2.0);
+    null = recompute without importance weights."""
     num_cpus_per_rank: float = field(default=1.0, metadata={"ge": 0.0})
     num_gpus_per_rank: float = field(default=0.0, metadata={"ge": 0.0})
     timeout_s: float = field(default=900.0, metadata={"gt": 0.0})

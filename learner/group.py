@@ -1,44 +1,40 @@
-"""The learner group: N DeepSpeed ranks as Ray actors, with the advantage stage and the ACR
-monitor in front of them (DESIGN.md section 2: between reward collection and the update).
+"""The learner group: N DeepSpeed ranks as Ray actors, an adapter that trains on what it is given.
 
-``step(groups, rewards, ...)`` runs, in order: the advantage stage over whole groups (estimator
-by name, AVSPO trigger), the ACR monitor (reusing the stage's collapse statistics), the train
-batch, its split over ranks (equal sample counts, balanced tokens), and the update on every rank
-with the mini-batch's global token and sequence counts. Every remote wait has a timeout.
+The driver's advantage stage (learner/advantage_stage.py) turns a step's reward groups into a
+finished :class:`~learner.batch.TrainBatch` with advantages; :meth:`LearnerGroup.train_on` splits
+it into mini-batches (one optimizer step each) with equal sample counts and balanced tokens per
+rank, runs ``learner.ppo_epochs`` passes on every rank with each mini-batch's global token and
+sequence counts, and sums the ranks' metrics. Every remote wait has a timeout.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-import torch
-
-from diagnostics.acr import ACRMonitor, MonitorConfig
 from learner import checkpoint
-from learner.advantage_stage import AdvantageStage
-from learner.batch import TrainBatch, build_batch, shard_by_tokens
-from learner.config import AlgorithmConfig, LearnerConfig, minibatch_problem
+from learner.batch import TrainBatch, shard_by_tokens
+from learner.config import LearnerConfig, minibatch_problem
+from learner.loss import LossConfig
 from learner.rank import LearnerRank
 from rollout.actors import ActorGroupError, get, spawn_actor_group
-from rollout.types import Group
 
 
 class LearnerGroup:
     def __init__(
         self,
         cfg: LearnerConfig,
-        algorithm: AlgorithmConfig,
+        loss: LossConfig,
         model_path: str,
         *,
         dtype: str = "float32",
-        reward_range: tuple[float, float] = (0.0, 1.0),
-        monitor: MonitorConfig | None = None,
-        pad_id: int = 0,
+        temperature: float = 1.0,
         placement=None,
     ):
-        self.cfg, self.pad_id = cfg, pad_id
-        self.stage = AdvantageStage(algorithm, reward_range=reward_range, seed=cfg.seed)
-        self.monitor = ACRMonitor(monitor or MonitorConfig(r_lo=reward_range[0]))
+        """``loss`` is the algorithm's loss config with ``norm_len`` resolved (the driver sets
+        it to the max response length for Dr. GRPO); ``temperature`` is the sampling
+        temperature, by which the ranks divide their logits (DESIGN.md section 4)."""
+        self.cfg = cfg
         self.ranks = [
             spawn_actor_group(
                 LearnerRank,
@@ -46,9 +42,10 @@ class LearnerGroup:
                 r,
                 cfg.num_ranks,
                 cfg,
-                algorithm.loss,
+                loss,
                 model_path,
                 dtype,
+                temperature,
                 num_cpus=cfg.num_cpus_per_rank,
                 num_gpus=cfg.num_gpus_per_rank,
                 placement=placement,
@@ -78,61 +75,43 @@ class LearnerGroup:
             mini = batch.select(list(range(start, start + size)))
             for r, rows in enumerate(shard_by_tokens(mini, k)):
                 per_rank[r].append(mini.select(rows))
-            totals.append((float(mini.num_tokens), float(size)))
+            totals.append((float(max(mini.num_tokens, 1)), float(size)))
         return per_rank, totals
 
     def train_on(self, batch: TrainBatch) -> dict[str, float]:
-        """The PPO update on a ready batch (ppo_epochs passes); summed/averaged rank metrics."""
+        """The PPO update on a ready batch (``ppo_epochs`` passes). Loss terms are token means
+        over every epoch and rank; counts and grad norms cover every optimizer step."""
         per_rank, totals = self._minibatches(batch)
-        results = []
-        for _ in range(self.cfg.ppo_epochs):
-            results += get(
-                [r.train.remote(per_rank[i], totals) for i, r in enumerate(self.ranks)],
-                timeout_s=self.cfg.timeout_s,
-                what="learner update",
-            )
-        tokens = sum(m["tokens"] for m in results) or 1.0
-        first = results[0]
+        ranks = get(
+            [
+                r.train.remote(per_rank[i], totals, self.cfg.ppo_epochs)
+                for i, r in enumerate(self.ranks)
+            ],
+            timeout_s=self.cfg.timeout_s,
+            what="learner update",
+        )
+        tokens = sum(m["tokens"] for m in ranks) or 1.0
+        probed = sum(m["mismatch_tokens"] for m in ranks) or 1.0
+        norms = [x for x in ranks[0]["grad_norms"] if math.isfinite(x)]  # global: same on all
+        mean = lambda name: sum(m[name] for m in ranks) / tokens  # noqa: E731
         return {
-            "actor/pg_loss": sum(m["loss"] for m in results) / self.cfg.ppo_epochs,
-            "actor/pg_clipfrac": sum(m["pg_clipfrac"] for m in results) / tokens,
-            "actor/approx_kl": sum(m["approx_kl"] for m in results) / tokens,
-            "actor/ref_kl": sum(m["ref_kl"] for m in results) / tokens,
-            "actor/grad_norm": first["grad_norm"],
-            "actor/lr": first["lr"],
-            "actor/skipped_steps": float(first["skipped_steps"]),
-            "actor/optimizer_steps": float(first["optimizer_steps"]),
+            "actor/pg_loss": mean("pg_loss"),
+            "actor/kl_loss": mean("kl_loss"),
+            "actor/entropy": mean("entropy"),
+            "actor/pg_clipfrac": mean("pg_clipfrac"),
+            "actor/approx_kl": mean("approx_kl"),
+            "actor/grad_norm": sum(norms) / len(norms) if norms else float("nan"),
+            "actor/grad_norm_max": max(norms) if norms else float("nan"),
+            "actor/lr": ranks[0]["lr"],
+            "actor/skipped_steps": float(ranks[0]["skipped_steps"]),
+            "actor/optimizer_steps": float(ranks[0]["optimizer_steps"]),
+            "rollout/logprob_abs_diff_mean": sum(m["logprob_abs_diff"] for m in ranks) / probed,
+            "rollout/logprob_abs_diff_max": max(m["logprob_abs_diff_max"] for m in ranks),
+            "rollout/is_weight_mean": sum(m["is_weight"] for m in ranks) / probed,
+            "rollout/is_clipped_frac": sum(m["is_clipped"] for m in ranks) / probed,
             "perf/learner_tokens": tokens / self.cfg.ppo_epochs,
-            "timing_s/update": max(m["seconds"] for m in results),
+            "timing_s/update": max(m["seconds"] for m in ranks),
         }
-
-    def step(
-        self,
-        groups: list[Group],
-        rewards: torch.Tensor,
-        *,
-        prompt_keys: list[str] | None = None,
-        verifier_reasons: list[str] | None = None,
-    ) -> dict[str, float]:
-        """Advantage stage + ACR monitor + update for one step's reward groups."""
-        group_ids = torch.arange(len(groups)).repeat_interleave(
-            torch.tensor([len(g.samples) for g in groups])
-        )
-        result, metrics = self.stage(rewards, group_ids)
-        batch = build_batch(groups, result.advantages, pad_id=self.pad_id)
-        metrics.update(
-            self.monitor.update(
-                rewards,
-                group_ids,
-                result.advantages,
-                batch.response_mask.sum(1),
-                prompt_keys=prompt_keys,
-                verifier_reasons=verifier_reasons,
-                stats=result.stats,
-            )
-        )
-        metrics.update(self.train_on(batch))
-        return metrics
 
     def export_weights(self, every_rank: bool = False) -> list:
         """Full state dicts (rank 0's, or every rank's); every rank takes part (ZeRO-3)."""
@@ -155,25 +134,19 @@ class LearnerGroup:
             raise ActorGroupError(f"weight export: no answer within {self.cfg.timeout_s:.0f} s")
         return refs[0]
 
-    def save_checkpoint(self, root: str, step: int, extra: dict | None = None) -> str:
-        """A complete checkpoint of the learner (all ranks) with the advantage stage's and the
-        ACR monitor's state and ``extra`` (the driver's: data position, RNG) in the sidecar."""
+    def save_checkpoint(self, root: str, step: int, state: dict | None = None) -> str:
+        """A complete checkpoint of the learner (all ranks), with ``state`` (the driver's:
+        advantage stage and monitor, data position, RNG; JSON) in the sidecar."""
         tmp = checkpoint.staging_dir(root, step)
         get(
             [r.save.remote(str(tmp)) for r in self.ranks],
             timeout_s=self.cfg.timeout_s,
             what="saving a learner checkpoint",
         )
-        state = {
-            "step": step,
-            "advantage_stage": self.stage.state_dict(),
-            "acr_monitor": self.monitor.state_dict(),
-            "extra": extra or {},
-        }
-        return str(checkpoint.commit(root, step, tmp, state))
+        return str(checkpoint.commit(root, step, tmp, {"step": step, **(state or {})}))
 
     def load_checkpoint(self, folder: str) -> dict:
-        """Restore ranks, advantage stage and monitor; returns the sidecar (step, extra)."""
+        """Restore the ranks; returns the sidecar (``step`` and the driver's state)."""
         path = Path(folder)
         checkpoint.check_complete(path)
         get(
@@ -181,10 +154,7 @@ class LearnerGroup:
             timeout_s=self.cfg.timeout_s,
             what="loading a learner checkpoint",
         )
-        state = checkpoint.read_state(path)
-        self.stage.load_state_dict(state["advantage_stage"])
-        self.monitor.load_state_dict(state["acr_monitor"])
-        return state
+        return checkpoint.read_state(path)
 
     def shutdown(self) -> None:
         import ray

@@ -1,26 +1,36 @@
-r"""Token-level PPO-clip policy loss with asymmetric clip, k3 KL and an entropy bonus.
+r"""Token-level PPO-clip policy loss with asymmetric and dual clip, truncated importance
+weights, k3 KL and an entropy bonus.
 
-Per response token t of sample i (``ratio = exp(logp - old_logp)``, A_i the sample's advantage):
+Per response token t of sample i (A_i the sample's advantage, w_t the truncated importance
+weight, 1 unless given):
 
-    pg_t  = max(-A_i * ratio, -A_i * clip(ratio, 1 - clip_low, 1 + clip_high))
-            (dual clip, if ``clip_ratio_c`` is set: pg_t = min(pg_t, -A_i * c) where A_i < 0)
-    kl_t  = exp(ref - logp) - (ref - logp) - 1             (k3 estimator of KL(pi || ref))
-    l_t   = pg_t + kl_coef * kl_t - entropy_coef * entropy_t
+    log_ratio_t = clamp(logp_t - old_t, -20, 20)              (overflow guard, as verl)
+    ratio_t     = exp(log_ratio_t)
+    pg_t  = w_t * max(-A_i * ratio_t, -A_i * clip(ratio_t, 1 - clip_low, 1 + clip_high))
+            dual clip (``clip_ratio_c``, default 3, verl's default): for A_i < 0 the term is
+            capped at -A_i * c before the weight
+    kl_t  = exp(ref - logp) - (ref - logp) - 1               (k3 estimator of KL(pi || ref))
+    l_t   = pg_t + kl_coef * kl_t - entropy_coef * H_t
 
 then aggregated over the response mask:
 
 - ``token-mean`` (default): sum_i,t l_t / total_tokens
 - ``seq-mean-token-mean``: sum_i [mean_t l_t] / total_seqs
-- ``seq-mean-token-sum-norm`` (Dr. GRPO): sum_i [sum_t l_t / norm_len] / total_seqs
+- ``seq-mean-token-sum-norm`` (Dr. GRPO): sum_i [sum_t l_t / norm_len] / total_seqs, with a
+  constant ``norm_len`` (the configured max response length unless set), so that a token's weight
+  does not depend on which micro-batch it lands in.
 
 ``total_tokens`` and ``total_seqs`` default to this call's own counts. A learner that splits a
 batch over ranks and micro-batches passes the *global* counts, so that the sum of the pieces'
 losses (and gradients) equals the loss of the whole batch: the split-invariance the tests check.
-``norm_len`` defaults to the mask's width; pass a constant (the max response length) whenever the
-batch is split, since pieces may be padded to different widths.
 
-Choices that are ours: the k3 log-ratio is clamped to [-20, 20] before ``exp`` (an overflow
-guard only; verl clamps to [-10, 10]); metrics are token means over this call's mask.
+Truncated importance sampling (``is_weights``): when the learner recomputes the old log-probs
+(``learner.old_logprobs=recompute``), w_t = min(exp(old_learner_t - logp_engine_t), cap) corrects
+for the engine sampling from a slightly different distribution than the learner's (bf16, other
+kernels); cap 2.0 as in the authors' code and TRL. The k3 log-ratio is clamped to [-20, 20] too.
+
+Metrics are token means over this call's mask: ``pg_loss`` (the mean policy-gradient term,
+weights included), ``kl_loss`` (mean k3 KL), ``entropy``, ``pg_clipfrac``, ``approx_kl``.
 
 >>> lp = torch.log(torch.tensor([[1.5, 0.5]]))
 >>> out = policy_loss(lp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2))
@@ -36,6 +46,7 @@ import torch
 from torch import Tensor
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOG_RATIO_CLAMP = 20.0
 
 
 @dataclass
@@ -45,14 +56,16 @@ class LossConfig:
     clip_low: float = field(default=0.2, metadata={"ge": 0.0, "lt": 1.0})
     clip_high: float = field(default=0.2, metadata={"ge": 0.0})
     """Upper clip; DAPO's clip-higher uses 0.28."""
-    clip_ratio_c: float | None = field(default=None, metadata={"gt": 1.0})
-    """Dual-clip constant for negative advantages (off when null; verl uses 3)."""
+    clip_ratio_c: float | None = field(default=3.0, metadata={"gt": 1.0})
+    """Dual-clip constant for negative advantages (verl's default 3; null = off)."""
     aggregation: str = field(default="token-mean", metadata={"choices": AGGREGATIONS})
     norm_len: int | None = field(default=None, metadata={"ge": 1})
-    """Denominator of seq-mean-token-sum-norm; null = the response width of each call."""
+    """Constant denominator of seq-mean-token-sum-norm (Dr. GRPO); null = the configured max
+    response length, ``rollout.sampling.max_new_tokens``."""
     kl_coef: float = field(default=0.0, metadata={"ge": 0.0})
     """k3 KL to the reference model; 0 as in the paper (no reference model is loaded)."""
     entropy_coef: float = field(default=0.0, metadata={"ge": 0.0})
+    """Entropy bonus: l_t -= entropy_coef * H_t (``actor/entropy`` is logged either way)."""
 
 
 @dataclass
@@ -73,8 +86,8 @@ def aggregate(
     """Reduce per-token ``values [B, T]`` over ``mask [B, T]`` to a scalar (module docstring).
 
     >>> v, m = torch.tensor([[1.0, 3.0], [2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    >>> [aggregate(v, m, a).item() for a in AGGREGATIONS]  # 6/3 | (2+2)/2 | (4/2+2/2)/2
-    [2.0, 2.0, 1.5]
+    >>> [aggregate(v, m, a, norm_len=4).item() for a in AGGREGATIONS]  # 6/3|(2+2)/2|(4/4+2/4)/2
+    [2.0, 2.0, 0.75]
     """
     mask = mask.to(values.dtype)
     masked = values * mask
@@ -86,8 +99,9 @@ def aggregate(
         per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
         return per_seq.sum() / seqs
     if mode == "seq-mean-token-sum-norm":
-        width = values.shape[-1] if norm_len is None else norm_len
-        return (masked.sum(-1) / width).sum() / seqs
+        if norm_len is None:
+            raise ValueError("seq-mean-token-sum-norm needs a constant norm_len (max length)")
+        return (masked.sum(-1) / norm_len).sum() / seqs
     raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {AGGREGATIONS}")
 
 
@@ -103,35 +117,38 @@ def policy_loss(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
-    clip_ratio_c: float | None = None,
+    clip_ratio_c: float | None = 3.0,
     aggregation: str = "token-mean",
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
+    is_weights: Tensor | None = None,
     total_tokens: float | Tensor | None = None,
     total_seqs: float | Tensor | None = None,
     norm_len: float | None = None,
 ) -> LossOutput:
     """The policy loss of a (micro-)batch. Shapes: log-probs, entropy, mask ``[B, T]``;
-    advantages ``[B]`` (one per sample) or ``[B, T]``."""
+    advantages ``[B]`` (one per sample) or ``[B, T]``; ``is_weights [B, T]`` (no gradient)."""
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)  # [B, 1] broadcast over tokens
     mask = response_mask.to(logprobs.dtype)
-    log_ratio = logprobs - old_logprobs
+    log_ratio = torch.clamp(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     surr = -advantages * ratio
     surr_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     pg = torch.maximum(surr, surr_clipped)
     if clip_ratio_c is not None:
         pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * clip_ratio_c), pg)
+    if is_weights is not None:
+        pg = pg * is_weights.detach()
     total = pg
     metrics: dict[str, Tensor] = {}
     if ref_logprobs is not None and kl_coef != 0.0:
-        delta = torch.clamp(ref_logprobs - logprobs, -20.0, 20.0)
+        delta = torch.clamp(ref_logprobs - logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         kl = torch.exp(delta) - delta - 1.0
         total = total + kl_coef * kl
-        metrics["ref_kl"] = _masked_mean(kl.detach(), mask)
+        metrics["kl_loss"] = _masked_mean(kl.detach(), mask)
     if entropy is not None:
         if entropy_coef != 0.0:
             total = total - entropy_coef * entropy

@@ -2,28 +2,120 @@
 
 Each rank owns a replica (ZeRO 1/2) or a shard (ZeRO 3) of the policy, joins one
 torch.distributed group (gloo on CPU, NCCL on GPU) and runs the PPO-style update on its shard
-of the step's batch: micro-batches, log-probs recomputed under the current policy, the policy
-loss with the *global* token and sequence counts of the mini-batch (so the loss and gradient do
-not depend on the split), ``backward(loss * world_size)`` (DeepSpeed averages gradients over
+of the step's batch: micro-batches, log-probs recomputed under the current policy at the
+sampling temperature (learner/logprobs.py), optionally the old log-probs recomputed first with
+truncated importance weights (``learner.old_logprobs=recompute``), the policy loss with the
+*global* token and sequence counts of the mini-batch (so the loss and gradient do not depend on
+the split), ``backward(loss * world_size)`` (DeepSpeed averages gradients over
 ranks; the loss pieces must sum) and one optimizer step per mini-batch.
 
 Non-finite steps: DeepSpeed's ZeRO 1-3 optimizers detect a non-finite global grad norm and skip
 the update (weights and optimizer state untouched); we read that back per step and count it.
-ZeRO stage 0 has no such check, so there every rank tests its gradients and a MAX all-reduce
-makes all ranks skip together.
+A non-finite loss (which may have finite gradients) and, under ZeRO stage 0 (no such check),
+a non-finite local gradient are agreed on by a MAX all-reduce, and all ranks skip together.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import socket
 import time
+from dataclasses import dataclass, field
 
 import torch
 
-from learner.batch import TrainBatch, token_logprobs
+from learner.batch import TrainBatch
 from learner.config import LearnerConfig
-from learner.loss import LossConfig, policy_loss
+from learner.logprobs import token_logprobs
+from learner.loss import LOG_RATIO_CLAMP, LossConfig, LossOutput, policy_loss
+
+
+@dataclass
+class RankMetrics:
+    """One rank's sums over a ``train`` call (every epoch): token-weighted loss terms, the
+    optimizer steps and their grad norms, and the engine/learner log-prob mismatch."""
+
+    tokens: float = 0.0  # response tokens seen (over every epoch)
+    pg_loss: float = 0.0  # token sums of each metric, divided by ``tokens`` by the group
+    kl_loss: float = 0.0
+    entropy: float = 0.0
+    pg_clipfrac: float = 0.0
+    approx_kl: float = 0.0
+    optimizer_steps: int = 0
+    skipped_steps: int = 0
+    grad_norms: list[float] = field(default_factory=list)
+    mismatch_tokens: float = 0.0  # tokens over which the mismatch below was measured
+    logprob_abs_diff: float = 0.0  # sum of |logp_learner - logp_engine|
+    logprob_abs_diff_max: float = 0.0
+    is_weight: float = 0.0  # sum of the applied truncated IS weights
+    is_clipped: float = 0.0  # tokens whose weight hit the cap
+    lr: float = 0.0
+    seconds: float = 0.0
+
+    def add_loss(self, metrics: dict, tokens: float) -> None:
+        self.tokens += tokens
+        for name in ("pg_loss", "kl_loss", "entropy", "pg_clipfrac", "approx_kl"):
+            setattr(self, name, getattr(self, name) + float(metrics.get(name, 0.0)) * tokens)
+
+    def add_mismatch(self, learner, engine, mask, cap: float | None) -> None:
+        """Log-prob gap on response tokens; IS weights as applied (1 without a cap/bypass)."""
+        m = mask.bool()
+        diff = (learner - engine)[m]
+        self.mismatch_tokens += float(m.sum())
+        self.logprob_abs_diff += float(diff.abs().sum())
+        if diff.numel():
+            self.logprob_abs_diff_max = max(self.logprob_abs_diff_max, float(diff.abs().max()))
+        if cap is None:
+            self.is_weight += float(m.sum())
+            return
+        raw = torch.exp(torch.clamp(diff, max=LOG_RATIO_CLAMP))
+        self.is_weight += float(torch.clamp(raw, max=cap).sum())
+        self.is_clipped += float((raw > cap).sum())
+
+
+def microbatch_loss(
+    model,
+    mb: TrainBatch,
+    cfg: LossConfig,
+    *,
+    temperature: float,
+    total_tokens: float,
+    total_seqs: float,
+    reference=None,
+) -> tuple[LossOutput, torch.Tensor]:
+    """Forward ``mb`` through ``model`` (a DeepSpeed engine or any causal LM), score its tokens
+    at ``temperature`` and return the policy loss of this piece of a mini-batch (with the
+    mini-batch's global counts) and the current log-probs ``[B, T]``."""
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+    logp, entropy = token_logprobs(logits, mb.input_ids, temperature=temperature, with_entropy=True)
+    ref_logp = None
+    if reference is not None:
+        with torch.no_grad():
+            ref_logits = reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        ref_logp, _ = token_logprobs(ref_logits, mb.input_ids, temperature=temperature)
+    if cfg.aggregation == "seq-mean-token-sum-norm" and cfg.norm_len is None:
+        raise ValueError("loss.norm_len must be set (the max response length) for Dr. GRPO")
+    out = policy_loss(
+        logp,
+        mb.old_logprobs,
+        mb.advantages,
+        mb.response_mask,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        clip_ratio_c=cfg.clip_ratio_c,
+        aggregation=cfg.aggregation,
+        norm_len=cfg.norm_len,
+        ref_logprobs=ref_logp,
+        kl_coef=cfg.kl_coef,
+        entropy=entropy,
+        entropy_coef=cfg.entropy_coef,
+        is_weights=mb.is_weights,
+        total_tokens=total_tokens,
+        total_seqs=total_seqs,
+    )
+    return out, logp
 
 
 def _free_port() -> int:
@@ -41,9 +133,10 @@ class LearnerRank:
         loss: LossConfig,
         model_path: str,
         dtype: str = "float32",
+        temperature: float = 1.0,
     ):
         self.rank, self.world_size, self.cfg, self.loss_cfg = rank, world_size, cfg, loss
-        self.model_path, self.dtype = model_path, dtype
+        self.model_path, self.dtype, self.temperature = model_path, dtype, temperature
         torch.set_num_threads(max(1, int(cfg.num_cpus_per_rank)))
 
     def address(self) -> tuple[str, int]:
@@ -103,77 +196,91 @@ class LearnerRank:
             self.reference.requires_grad_(False)
         return self.rank
 
-    def train(self, minibatches: list[TrainBatch], totals: list[tuple[float, float]]) -> dict:
-        """One optimizer step per mini-batch; ``totals[i]`` = (response tokens, sequences) of
-        mini-batch i over all ranks. Returns this rank's metrics (sums, for the group to add)."""
+    def train(
+        self, minibatches: list[TrainBatch], totals: list[tuple[float, float]], epochs: int = 1
+    ) -> dict:
+        """``epochs`` passes, one optimizer step per mini-batch; ``totals[i]`` = (response
+        tokens, sequences) of mini-batch i over all ranks. Returns this rank's sums over every
+        epoch (the group adds them up): see :class:`RankMetrics`."""
         t0 = time.perf_counter()
-        engine, cfg = self.engine, self.cfg
-        sums = {"loss": 0.0, "pg_clipfrac": 0.0, "approx_kl": 0.0, "ref_kl": 0.0, "tokens": 0.0}
-        steps = skipped = 0
-        grad_norms = []
-        for batch, (total_tokens, total_seqs) in zip(minibatches, totals, strict=True):
-            for start in range(0, len(batch), cfg.micro_batch_size):
-                mb = batch.select(list(range(start, min(start + cfg.micro_batch_size, len(batch)))))
-                logits = engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-                logp = token_logprobs(logits, mb.input_ids)
-                ref_logp = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref_logits = self.reference(
-                            input_ids=mb.input_ids, attention_mask=mb.attention_mask
-                        ).logits
-                    ref_logp = token_logprobs(ref_logits, mb.input_ids)
-                out = policy_loss(
-                    logp,
-                    mb.old_logprobs,
-                    mb.advantages,
-                    mb.response_mask,
-                    clip_low=self.loss_cfg.clip_low,
-                    clip_high=self.loss_cfg.clip_high,
-                    clip_ratio_c=self.loss_cfg.clip_ratio_c,
-                    aggregation=self.loss_cfg.aggregation,
-                    norm_len=self.loss_cfg.norm_len,
-                    ref_logprobs=ref_logp,
-                    kl_coef=self.loss_cfg.kl_coef,
-                    total_tokens=total_tokens,
-                    total_seqs=total_seqs,
-                )
-                engine.backward(out.loss * self.world_size, scale_wrt_gas=False)
-                tokens = float(mb.response_mask.sum())
-                sums["loss"] += float(out.loss)
-                sums["pg_clipfrac"] += float(out.metrics["pg_clipfrac"]) * tokens
-                sums["approx_kl"] += float(out.metrics["approx_kl"]) * tokens
-                sums["ref_kl"] += float(out.metrics.get("ref_kl", 0.0)) * tokens
-                sums["tokens"] += tokens
-            steps += 1
-            if self.cfg.zero_stage == 0 and not self._grads_finite_everywhere():
-                engine.zero_grad()  # ZeRO-0 has no overflow check of its own: skip by hand
-                skipped += 1
-                grad_norms.append(float("nan"))
-                continue
-            engine.step()
-            if not engine.was_step_applied():
-                skipped += 1
-            norm = engine.get_global_grad_norm()
-            grad_norms.append(float("nan") if norm is None else float(norm))
-        return {
-            **sums,
-            "optimizer_steps": steps,
-            "skipped_steps": skipped,
-            "grad_norm": grad_norms[-1] if grad_norms else float("nan"),
-            "lr": self.scheduler.get_last_lr()[0],
-            "seconds": time.perf_counter() - t0,
-        }
+        acc = RankMetrics()
+        if self.cfg.old_logprobs == "recompute":
+            minibatches = [self._recompute_old(b, acc) for b in minibatches]
+        for epoch in range(epochs):
+            for i, (batch, (total_tokens, total_seqs)) in enumerate(
+                zip(minibatches, totals, strict=True)
+            ):
+                probe = epoch == 0 and i == 0 and self.cfg.old_logprobs == "bypass"
+                finite = True
+                for start in range(0, len(batch), self.cfg.micro_batch_size):
+                    rows = list(range(start, min(start + self.cfg.micro_batch_size, len(batch))))
+                    mb = batch.select(rows)
+                    out, logp = microbatch_loss(
+                        self.engine,
+                        mb,
+                        self.loss_cfg,
+                        temperature=self.temperature,
+                        total_tokens=total_tokens,
+                        total_seqs=total_seqs,
+                        reference=self.reference,
+                    )
+                    self.engine.backward(out.loss * self.world_size, scale_wrt_gas=False)
+                    finite = finite and math.isfinite(float(out.loss))
+                    acc.add_loss(out.metrics, float(mb.response_mask.sum()))
+                    if probe:  # before any update: the learner's old log-probs, for free
+                        acc.add_mismatch(logp.detach(), mb.old_logprobs, mb.response_mask, None)
+                self._optimizer_step(acc, finite)
+        acc.seconds = time.perf_counter() - t0
+        acc.lr = self.scheduler.get_last_lr()[0]
+        return dataclasses.asdict(acc)
 
-    def _grads_finite_everywhere(self) -> bool:
-        """All ranks agree whether any rank holds a non-finite gradient (before the allreduce:
-        a non-finite local gradient makes the averaged one non-finite too)."""
+    @torch.no_grad()
+    def _recompute_old(self, batch: TrainBatch, acc: RankMetrics) -> TrainBatch:
+        """The learner's own log-probs as the old policy, and truncated IS weights
+        min(exp(logp_learner - logp_engine), tis_cap) on response tokens."""
+        learner_old = torch.zeros_like(batch.old_logprobs)
+        for start in range(0, len(batch), self.cfg.micro_batch_size):
+            stop = min(start + self.cfg.micro_batch_size, len(batch))
+            mb = batch.select(list(range(start, stop)))
+            logits = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+            logp, _ = token_logprobs(logits, mb.input_ids, temperature=self.temperature)
+            learner_old[start:stop, : logp.shape[1]] = logp * mb.response_mask
+        weights = None
+        if self.cfg.tis_cap is not None:
+            log_w = torch.clamp(learner_old - batch.old_logprobs, max=LOG_RATIO_CLAMP)
+            weights = torch.clamp(torch.exp(log_w), max=self.cfg.tis_cap) * batch.response_mask
+        acc.add_mismatch(learner_old, batch.old_logprobs, batch.response_mask, self.cfg.tis_cap)
+        return dataclasses.replace(batch, old_logprobs=learner_old, is_weights=weights)
+
+    def _optimizer_step(self, acc: RankMetrics, loss_finite: bool) -> None:
+        """Step, or skip on every rank when any rank's loss (or, ZeRO-0, gradient) is not
+        finite. A NaN loss can have finite gradients (the log-ratio clamp passes none back
+        through a NaN), so DeepSpeed's own grad-norm check is not enough."""
+        engine = self.engine
+        acc.optimizer_steps += 1
+        if not self._finite_everywhere(loss_finite):
+            engine.zero_grad()  # skip by hand: weights and optimizer state untouched
+            acc.skipped_steps += 1
+            acc.grad_norms.append(float("nan"))
+            return
+        engine.step()
+        if not engine.was_step_applied():
+            acc.skipped_steps += 1
+        norm = engine.get_global_grad_norm()
+        acc.grad_norms.append(float("nan") if norm is None else float(norm))
+
+    def _finite_everywhere(self, loss_finite: bool) -> bool:
+        """All ranks agree whether any rank had a non-finite loss or (ZeRO-0, which has no
+        overflow check of its own) holds a non-finite gradient before the allreduce."""
         import torch.distributed as dist
 
-        local = all(
-            bool(torch.isfinite(p.grad).all())
-            for p in self.engine.module.parameters()
-            if p.grad is not None
+        local = loss_finite and (
+            self.cfg.zero_stage != 0
+            or all(
+                bool(torch.isfinite(p.grad).all())
+                for p in self.engine.module.parameters()
+                if p.grad is not None
+            )
         )
         flag = torch.tensor([0.0 if local else 1.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

@@ -81,8 +81,9 @@ def main() -> None:
     import ray
 
     from launch.bootstrap import ModelConfig, ensure_model
-    from learner.config import AlgorithmConfig, LearnerConfig
+    from learner.config import LearnerConfig
     from learner.group import LearnerGroup
+    from learner.loss import LossConfig
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-100m", action="store_true")
@@ -101,7 +102,7 @@ def main() -> None:
             cfg = LearnerConfig(
                 num_ranks=ranks, zero_stage=stage, micro_batch_size=16, timeout_s=1800
             )
-            group = LearnerGroup(cfg, AlgorithmConfig(), path)
+            group = LearnerGroup(cfg, LossConfig(), path)
             try:
                 group.train_on(batch)  # warm-up
                 secs = statistics.median(group.train_on(batch)["timing_s/update"] for _ in range(3))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from learner import checkpoint
+from learner.advantage_stage import AdvantageStage
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.group import LearnerGroup
 from learner.trigger import TriggerConfig
@@ -26,15 +27,16 @@ def test_round_trip_continues_bit_exactly(ray_cluster, tiny_model_dir, tmp_path,
     algorithm = AlgorithmConfig(trigger=TriggerConfig(policy="adaptive", eta=0.5))
     root = tmp_path / "checkpoints"
 
-    a = LearnerGroup(cfg, algorithm, tiny_model_dir)
+    stage = AdvantageStage(algorithm, reward_range=(0.0, 1.0), seed=0)  # the driver's
+    stage(torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([0, 0, 1, 1]))  # trigger state
+    stage(torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]))
+    a = LearnerGroup(cfg, algorithm.loss, tiny_model_dir)
     try:
         a.train_on(first)
-        a.stage(torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([0, 0, 1, 1]))  # trigger state
-        a.stage(torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]))
-        path = a.save_checkpoint(str(root), step=1, extra={"data_position": 17})
+        sidecar = {"advantage_stage": stage.state_dict(), "extra": {"data_position": 17}}
+        path = a.save_checkpoint(str(root), step=1, state=sidecar)
         continued = a.train_on(second)
         expected = a.export_weights()
-        trigger = a.stage.trigger.state_dict()
     finally:
         a.shutdown()
 
@@ -42,7 +44,7 @@ def test_round_trip_continues_bit_exactly(ray_cluster, tiny_model_dir, tmp_path,
     saved = AutoModelForCausalLM.from_pretrained(f"{path}/model", dtype=torch.float32)
     assert saved.config.vocab_size == model.config.vocab_size  # transformers loads it
 
-    b = LearnerGroup(cfg, algorithm, tiny_model_dir)
+    b = LearnerGroup(cfg, algorithm.loss, tiny_model_dir)
     try:
         state = b.load_checkpoint(path)
         resumed = b.train_on(second)
@@ -50,7 +52,9 @@ def test_round_trip_continues_bit_exactly(ray_cluster, tiny_model_dir, tmp_path,
     finally:
         b.shutdown()
     assert state["step"] == 1 and state["extra"] == {"data_position": 17}
-    assert b.stage.trigger.state_dict() == trigger  # adaptive threshold restored
+    restored = AdvantageStage(algorithm, reward_range=(0.0, 1.0), seed=0)
+    restored.load_state_dict(state["advantage_stage"])
+    assert restored.trigger.state_dict() == stage.trigger.state_dict()  # threshold restored
     assert resumed["actor/lr"] == continued["actor/lr"]  # scheduler restored (warmup 2/3)
     for k in expected:
         assert torch.equal(expected[k], got[k]), k  # optimizer moments restored: bit-exact

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 import ray
 import torch
 
-from learner.batch import build_batch, token_logprobs
+from learner.advantage_stage import AdvantageStage
+from learner.batch import build_batch
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.group import LearnerGroup
-from learner.loss import policy_loss
+from learner.logprobs import token_logprobs
+from learner.loss import LossConfig, policy_loss
 from learner.trigger import TriggerConfig
 from rollout.types import Group, Sample
 from tests.metric_names import SECTION5
@@ -44,7 +47,7 @@ def _batch(model, seed=0, n_groups=4, n=4):
         pad_id=0,
     )
     with torch.no_grad():
-        logp = token_logprobs(
+        logp, _ = token_logprobs(
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
             batch.input_ids,
         )
@@ -80,7 +83,7 @@ def _reference_update(model_dir, batch, cfg: LearnerConfig):
     )
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     out = policy_loss(
-        token_logprobs(logits, batch.input_ids),
+        token_logprobs(logits, batch.input_ids)[0],
         batch.old_logprobs,
         batch.advantages,
         batch.response_mask,
@@ -102,7 +105,7 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     # float reduction order (1e-10) can move a weight by lr * 1e-2. eps = 1e-3 keeps that
     # amplification at most lr / eps = 1, so the comparison below can be tight.
     cfg = _reference_cfg(stage)
-    group = LearnerGroup(cfg, AlgorithmConfig(), tiny_model_dir)
+    group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
     try:
         metrics = group.train_on(batch)
         states = group.export_weights(every_rank=True)
@@ -144,15 +147,14 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     model.load_state_dict(group_state)
     with torch.no_grad():
         ids = torch.tensor([prompt_ids + response_ids])
-        want = token_logprobs(model(input_ids=ids).logits, ids)[0, len(prompt_ids) :]
+        want = token_logprobs(model(input_ids=ids).logits, ids)[0][0, len(prompt_ids) :]
     assert torch.allclose(got, want, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
 def learner(ray_cluster, tiny_model_dir):
     cfg = LearnerConfig(num_ranks=2, zero_stage=2, lr=1e-3, micro_batch_size=4, timeout_s=600)
-    algorithm = AlgorithmConfig(trigger=TriggerConfig(policy="always"))
-    group = LearnerGroup(cfg, algorithm, tiny_model_dir)
+    group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
     yield group
     group.shutdown()
 
@@ -162,7 +164,7 @@ def _weights(group):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("poison", ["nan_advantage", "inf_old_logprob"])
+@pytest.mark.parametrize("poison", ["nan_advantage", "nan_old_logprob"])
 def test_non_finite_step_is_skipped_and_weights_unchanged(learner, tiny_model_dir, poison):
     from transformers import AutoModelForCausalLM
 
@@ -173,7 +175,9 @@ def test_non_finite_step_is_skipped_and_weights_unchanged(learner, tiny_model_di
     else:
         row = 6
         col = int(batch.response_mask[row].nonzero()[0])
-        batch.old_logprobs[row, col] = float("-inf")  # ratio exp(logp + inf) = inf
+        # NaN survives the log-ratio clamp (an -inf old log-prob no longer does: clamped to a
+        # ratio of e^20, then clipped; tests/unit/test_loss.py)
+        batch.old_logprobs[row, col] = float("nan")
     before = _weights(learner)
     metrics = learner.train_on(batch)
     after = _weights(learner)
@@ -181,22 +185,20 @@ def test_non_finite_step_is_skipped_and_weights_unchanged(learner, tiny_model_di
     assert all(torch.equal(before[k], after[k]) for k in before)  # bit-identical
 
 
-@pytest.mark.slow
-def test_step_runs_advantage_stage_monitor_and_update(learner, tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    groups, batch = _batch(model, seed=7)
+def _engine_groups(groups, batch, logprob=None):
+    """The synthetic groups with per-token log-probs as an engine reports them (batch's old
+    log-probs, or a constant)."""
     rows = [(g, s) for g in groups for s in g.samples]
-    # old log-probs into the samples, as an engine would report them
-    groups = [
+    return [
         Group(
             g.prompt,
             g.prompt_ids,
             [
                 Sample(
                     s.response_ids,
-                    batch.old_logprobs[i, batch.response_mask[i] > 0].tolist(),
+                    batch.old_logprobs[i, batch.response_mask[i] > 0].tolist()
+                    if logprob is None
+                    else [logprob] * len(s.response_ids),
                     "",
                     "stop",
                     0,
@@ -207,15 +209,32 @@ def test_step_runs_advantage_stage_monitor_and_update(learner, tiny_model_dir):
         )
         for g in groups
     ]
-    # every group collapsed: all correct, all wrong, all correct, all wrong
-    rewards = torch.tensor([1.0] * 4 + [0.0] * 4 + [1.0] * 4 + [0.0] * 4)
-    before = _weights(learner)
-    metrics = learner.step(
-        groups,
-        rewards,
-        prompt_keys=["a", "b", "c", "d"],
-        verifier_reasons=["ok"] * 8 + ["wrong"] * 8,
+
+
+class _Verdict:
+    def __init__(self, score, reason):
+        self.score, self.reason = score, reason
+
+
+# every group collapsed: all correct, all wrong, all correct, all wrong
+_COLLAPSED = [_Verdict(1.0, "ok")] * 4 + [_Verdict(0.0, "wrong")] * 4
+_COLLAPSED = _COLLAPSED + _COLLAPSED
+
+
+@pytest.mark.slow
+def test_advantage_stage_batch_trains_on_the_learner(learner, tiny_model_dir):
+    """The driver's flow: AdvantageStage.process (AVSPO, trigger always) -> LearnerGroup."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    groups, batch = _batch(model, seed=7)
+    groups = _engine_groups(groups, batch)
+    stage = AdvantageStage(
+        AlgorithmConfig(trigger=TriggerConfig(policy="always")), reward_range=(0.0, 1.0), seed=0
     )
+    before = _weights(learner)
+    train, metrics = stage.process(groups, _COLLAPSED, prompt_keys=["a", "b", "c", "d"])
+    metrics |= learner.train_on(train)
     after = _weights(learner)
     names = SECTION5 | {"actor/pg_loss", "actor/grad_norm", "actor/lr", "timing_s/update"}
     for name in sorted(names):
@@ -227,33 +246,16 @@ def test_step_runs_advantage_stage_monitor_and_update(learner, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_all_collapsed_batch_gives_no_gradient_under_grpo(ray_cluster, tiny_model_dir):
+def test_all_collapsed_batch_gives_no_gradient_under_grpo(learner, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    groups, _ = _batch(model, seed=7)
-    groups = [
-        Group(
-            g.prompt,
-            g.prompt_ids,
-            [
-                Sample(s.response_ids, [-1.0] * len(s.response_ids), "", "stop", 0)
-                for s in g.samples
-            ],
-        )
-        for g in groups
-    ]
-    cfg = LearnerConfig(num_ranks=2, zero_stage=2, lr=1e-3, micro_batch_size=4, timeout_s=600)
-    grpo = LearnerGroup(
-        cfg,
-        AlgorithmConfig(estimator="grpo", trigger=TriggerConfig(policy="never")),
-        tiny_model_dir,
-    )
-    try:
-        rewards = torch.tensor([1.0] * 4 + [0.0] * 4 + [1.0] * 4 + [0.0] * 4)
-        metrics = grpo.step(groups, rewards)
-    finally:
-        grpo.shutdown()
+    groups, batch = _batch(model, seed=7)
+    groups = _engine_groups(groups, batch, logprob=-1.0)
+    grpo = AlgorithmConfig(estimator="grpo", trigger=TriggerConfig(policy="never"))
+    stage = AdvantageStage(grpo, reward_range=(0.0, 1.0), seed=0)
+    train, metrics = stage.process(groups, _COLLAPSED)
+    metrics |= learner.train_on(train)
     assert metrics["acr/raw"] == 1.0 and metrics["acr/effective"] == 1.0
     assert metrics["avspo/triggered"] == 0.0
     assert metrics["actor/grad_norm"] == 0.0  # nothing to learn from: the collapse AVSPO fixes
@@ -275,7 +277,7 @@ def test_one_rank_and_two_ranks_give_the_same_update(ray_cluster, tiny_model_dir
             micro_batch_size=5 if ranks == 1 else 3,
             timeout_s=600,
         )
-        group = LearnerGroup(cfg, AlgorithmConfig(), tiny_model_dir)
+        group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
         try:
             group.train_on(batch)
             states.append(group.export_weights())
@@ -293,8 +295,6 @@ def test_kl_to_the_reference_model(ray_cluster, tiny_model_dir):
     equals it; after one update the KL is positive and changes the next update."""
     from transformers import AutoModelForCausalLM
 
-    from learner.loss import LossConfig
-
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     _, first = _batch(model, seed=3)
     _, second = _batch(model, seed=4)
@@ -303,7 +303,7 @@ def test_kl_to_the_reference_model(ray_cluster, tiny_model_dir):
         cfg = LearnerConfig(
             num_ranks=2, zero_stage=2, lr=1e-2, micro_batch_size=4, adam_eps=1e-3, timeout_s=600
         )
-        group = LearnerGroup(cfg, AlgorithmConfig(loss=LossConfig(kl_coef=kl)), tiny_model_dir)
+        group = LearnerGroup(cfg, LossConfig(kl_coef=kl), tiny_model_dir)
         try:
             m1 = group.train_on(first)
             after_first = group.export_weights()
@@ -312,10 +312,10 @@ def test_kl_to_the_reference_model(ray_cluster, tiny_model_dir):
         finally:
             group.shutdown()
     (_, w1_0, _, w2_0), (m1_k, w1_k, m2_k, w2_k) = results[0.0], results[0.5]
-    assert m1_k["actor/ref_kl"] == pytest.approx(0.0, abs=1e-9)
+    assert m1_k["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)
     for k in w1_0:  # first update: no KL gradient at policy == reference
         assert torch.allclose(w1_0[k], w1_k[k], atol=1e-7, rtol=1e-6), k
-    assert m2_k["actor/ref_kl"] > 1e-6
+    assert m2_k["actor/kl_loss"] > 1e-6
     assert any(not torch.allclose(w2_0[k], w2_k[k], atol=1e-6) for k in w2_0)
 
 
@@ -334,10 +334,10 @@ def test_update_moves_log_probs_in_the_advantages_direction(ray_cluster, tiny_mo
         model.load_state_dict(state)
         with torch.no_grad():
             logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        return (token_logprobs(logits, batch.input_ids) * batch.response_mask).sum(1)
+        return (token_logprobs(logits, batch.input_ids)[0] * batch.response_mask).sum(1)
 
     cfg = LearnerConfig(num_ranks=2, zero_stage=2, lr=1e-5, micro_batch_size=4, timeout_s=600)
-    group = LearnerGroup(cfg, AlgorithmConfig(), tiny_model_dir)
+    group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
     try:
         before = seq_logprobs(group.export_weights())
         group.train_on(batch)
@@ -355,7 +355,7 @@ def test_zero_stage_0_matches_and_skips_non_finite_steps(ray_cluster, tiny_model
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     _, batch = _batch(model, seed=13)
     cfg = _reference_cfg(0)
-    group = LearnerGroup(cfg, AlgorithmConfig(), tiny_model_dir)
+    group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
     try:
         assert group.train_on(batch)["actor/skipped_steps"] == 0
         updated = group.export_weights()
@@ -369,3 +369,76 @@ def test_zero_stage_0_matches_and_skips_non_finite_steps(ray_cluster, tiny_model
     for k, v in expected.items():
         assert torch.allclose(updated[k], v, atol=1e-7, rtol=1e-6), k
         assert torch.equal(after[k], updated[k]), k  # the NaN step changed nothing
+
+
+def _mismatch_batch(model):
+    """Engine log-probs = the model's own minus noise, one token 3 nats lower (an engine that
+    under-rates it: learner/engine ratio e^3 > cap 2)."""
+    _, batch = _batch(model, seed=21)
+    with torch.no_grad():
+        learner, _ = token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+            batch.input_ids,
+        )
+    row, col = 2, int(batch.response_mask[2].nonzero()[0])
+    batch.old_logprobs[row, col] -= 3.0
+    m = batch.response_mask.bool()
+    diff = (learner - batch.old_logprobs)[m]  # learner - engine per response token
+    return batch, diff
+
+
+@pytest.mark.slow
+def test_recompute_mode_logs_the_mismatch_and_weights_tokens(ray_cluster, tiny_model_dir):
+    """learner.old_logprobs=recompute: the old log-probs are the learner's (recomputed once,
+    before the first of 2 epochs), each token weighted by min(exp(learner - engine), 2).
+    Expected figures are computed here from the same weights (hand formula, not the code's)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    batch, diff = _mismatch_batch(model)
+    cfg = LearnerConfig(
+        num_ranks=2,
+        zero_stage=2,
+        lr=1e-4,
+        micro_batch_size=4,
+        ppo_epochs=2,
+        mini_batch_size=None,
+        old_logprobs="recompute",
+        tis_cap=2.0,
+        timeout_s=600,
+    )
+    group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
+    try:
+        m = group.train_on(batch)
+    finally:
+        group.shutdown()
+    weights = torch.clamp(torch.exp(diff), max=2.0)
+    assert m["rollout/logprob_abs_diff_mean"] == pytest.approx(float(diff.abs().mean()), abs=1e-5)
+    assert m["rollout/logprob_abs_diff_max"] == pytest.approx(float(diff.abs().max()), abs=1e-5)
+    assert m["rollout/is_weight_mean"] == pytest.approx(float(weights.mean()), abs=1e-5)
+    # only the poisoned token: e^(3 + noise) > 2; noise 0.05 keeps the others below ln 2
+    assert m["rollout/is_clipped_frac"] == pytest.approx(1 / diff.numel())
+    # counts cover every epoch: 2 epochs x 1 mini-batch (the old code reported epoch 1 only)
+    assert m["actor/optimizer_steps"] == 2.0 and m["actor/skipped_steps"] == 0.0
+    assert m["perf/learner_tokens"] == batch.num_tokens
+    assert m["actor/entropy"] > 0 and math.isfinite(m["actor/pg_loss"])
+
+
+@pytest.mark.slow
+def test_bypass_mode_measures_the_mismatch_before_the_first_update(ray_cluster, tiny_model_dir):
+    """bypass (engine old log-probs): no weights (mean 1), the gap measured for free on the
+    first mini-batch's forward pass, before any optimizer step (here: the whole batch)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    batch, diff = _mismatch_batch(model)
+    cfg = LearnerConfig(
+        num_ranks=2, zero_stage=2, lr=1e-4, micro_batch_size=4, mini_batch_size=None, timeout_s=600
+    )
+    group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
+    try:
+        m = group.train_on(batch)
+    finally:
+        group.shutdown()
+    assert m["rollout/logprob_abs_diff_mean"] == pytest.approx(float(diff.abs().mean()), abs=1e-5)
+    assert m["rollout/is_weight_mean"] == 1.0 and m["rollout/is_clipped_frac"] == 0.0

@@ -28,7 +28,8 @@ def test_hand_computed_token_mean_with_kl_and_entropy():
     )
     assert out.loss.item() == pytest.approx(0.8953426, abs=1e-6)
     assert out.metrics["pg_clipfrac"].item() == 0.5
-    assert out.metrics["ref_kl"].item() == pytest.approx(0.306853 / 2, abs=1e-6)
+    assert out.metrics["kl_loss"].item() == pytest.approx(0.306853 / 2, abs=1e-6)
+    assert out.metrics["pg_loss"].item() == pytest.approx(0.9, abs=1e-6)  # (0.8 + 1) / 2, no KL
     assert out.metrics["entropy"].item() == 2.0
     # approx_kl (k3 of old vs new): token 1: 0.5 - 1 - ln 0.5 = 0.193147; token 2: 0
     # -> mean 0.0965736
@@ -41,7 +42,8 @@ def test_aggregation_modes_by_hand():
     m = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert aggregate(v, m, "token-mean").item() == 2.0  # 6 / 3
     assert aggregate(v, m, "seq-mean-token-mean").item() == 2.0  # (2 + 2) / 2
-    assert aggregate(v, m, "seq-mean-token-sum-norm").item() == 1.0  # (4/3 + 2/3) / 2
+    with pytest.raises(ValueError, match="norm_len"):  # the padded width is not a constant
+        aggregate(v, m, "seq-mean-token-sum-norm")
     assert aggregate(v, m, "seq-mean-token-sum-norm", norm_len=4).item() == 0.75  # (1 + 0.5) / 2
     with pytest.raises(ValueError, match="aggregation"):
         aggregate(v, m, "sum")
@@ -62,7 +64,7 @@ def _grad_wrt_logp(ratio: float, adv: float, **kw):
         (0.5, 1.0, False),  # below the low clip with A > 0: the unclipped term is larger
         (0.81, -1.0, False),  # inside the low clip with A < 0
         (0.79, -1.0, True),  # below 1 - 0.2 with A < 0: no gradient
-        (2.0, -1.0, False),  # above the high clip with A < 0 (no dual clip): gradient flows
+        (2.0, -1.0, False),  # above the high clip with A < 0, below dual clip 3: gradient flows
     ],
 )
 def test_clip_boundaries(ratio, adv, clipped):
@@ -144,3 +146,31 @@ def test_masked_tokens_get_no_gradient():
     lp = logp.clone().requires_grad_(True)
     policy_loss(lp, old, adv, mask).loss.backward()
     assert (lp.grad[mask == 0] == 0).all() and (lp.grad[mask == 1] != 0).any()
+
+
+def test_dual_clip_is_on_by_default_and_can_be_turned_off():
+    # A = -1, ratio 4: default c = 3 caps the term at 3 (no gradient); c = None gives 4
+    logp = torch.tensor([[math.log(4.0)]])
+    args = (logp, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1))
+    assert policy_loss(*args).loss.item() == pytest.approx(3.0)
+    assert policy_loss(*args, clip_ratio_c=None).loss.item() == pytest.approx(4.0)
+
+
+def test_log_ratio_is_clamped():
+    # old = -inf-ish (engine log-prob -1000), logp = 0: log-ratio 1000 clamped to 20, so the
+    # ratio is e^20 (finite) and, with A > 0 above the clip, the loss is -A * 1.2 and finite
+    out = policy_loss(
+        torch.zeros(1, 1), torch.full((1, 1), -1000.0), torch.tensor([1.0]), torch.ones(1, 1)
+    )
+    assert out.loss.item() == pytest.approx(-1.2)
+    assert math.isfinite(out.metrics["approx_kl"].item())  # e^20 - 1 - 20, not inf
+
+
+def test_truncated_importance_weights_scale_each_token():
+    # A = 1, ratio 1 on both tokens: pg = -1 each; weights (2.0, 0.5): loss = (-2 - 0.5) / 2
+    w = torch.tensor([[2.0, 0.5]])
+    out = policy_loss(
+        torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), is_weights=w
+    )
+    assert out.loss.item() == pytest.approx(-1.25)
+    assert out.metrics["pg_loss"].item() == pytest.approx(-1.25)
