@@ -8,7 +8,8 @@ group j holds the real rewards R_j = (r_j1..r_jG) of the G samples of one prompt
 - ``ACR_t = #collapsed / N``. Strata: *high* when ``max(R_j) > r_lo`` (all correct, or all equal at
   a positive partial credit), *low* when ``max(R_j) == r_lo`` (all incorrect).
 - ``ACR100`` = mean of ``ACR_t`` over the first 100 steps; the paper's early predictor of final
-  accuracy (runs with ACR100 > 0.5 rarely exceed 35% accuracy).
+  accuracy (runs with ACR100 > 0.5 rarely exceed 35% accuracy). ``acr/acr100_steps`` says how
+  many steps it covers (fewer than 100 in a shorter run, or before step 100).
 
 Choices that are ours (the paper is silent), all configurable in :class:`MonitorConfig`:
 
@@ -115,12 +116,10 @@ def _raise_non_finite(rewards: Tensor) -> None:
 
 @dataclass
 class MonitorConfig:
-    """The ACR monitor's settings (Hydra group ``diagnostics`` later; defaults per DESIGN.md)."""
+    """The ACR monitor's settings (the ``acr`` node of the run config; defaults per DESIGN.md).
+    The collapse threshold is ``algorithm.tau`` and the stratum floor the task's lowest reward:
+    both are given to :class:`ACRMonitor` by its owner, not configured twice."""
 
-    tau: float = field(default=1e-6, metadata={"ge": 0.0})
-    """Collapse threshold on the population std of a group's rewards."""
-    r_lo: float = 0.0
-    """Lowest reward of the task: a collapsed group at this value is the *low* stratum."""
     ema_beta: float = field(default=0.9, metadata={"ge": 0.0, "lt": 1.0})
     window: int = field(default=100, metadata={"ge": 1})
     """Steps in ``acr/window`` (mean)."""
@@ -142,8 +141,11 @@ class ACRMonitor:
     vectorised over groups; only the per-prompt history (string keys) is a dictionary update.
     """
 
-    def __init__(self, cfg: MonitorConfig | None = None):
+    def __init__(self, cfg: MonitorConfig | None = None, *, tau: float = 1e-6, r_lo: float = 0.0):
+        """``tau``: collapse threshold on a group's population reward std (``algorithm.tau``);
+        ``r_lo``: the task's lowest reward (a collapsed group at it is the *low* stratum)."""
         self.cfg = cfg or MonitorConfig()
+        self.tau, self.r_lo = tau, r_lo
         self.steps = 0
         self.ema: float | None = None
         self.recent: deque[float] = deque(maxlen=max(self.cfg.window, self.cfg.volatility_window))
@@ -180,11 +182,11 @@ class ACRMonitor:
         """
         reusable = (
             stats is not None
-            and (stats.tau, stats.r_lo) == (self.cfg.tau, self.cfg.r_lo)
+            and (stats.tau, stats.r_lo) == (self.tau, self.r_lo)
             and int(stats.groups.size.sum()) == rewards.numel()
         )
         if not reusable:
-            stats = collapse_stats(rewards, group_ids, tau=self.cfg.tau, r_lo=self.cfg.r_lo)
+            stats = collapse_stats(rewards, group_ids, tau=self.tau, r_lo=self.r_lo)
         groups = stats.groups
         if advantages.shape != rewards.shape or response_lengths.shape != rewards.shape:
             raise ValueError("rewards, advantages and response_lengths must all have shape [N]")
@@ -222,6 +224,7 @@ class ACRMonitor:
         metrics["acr/window"] = sum(window) / len(window)
         metrics["acr/volatility"] = float(vol.std(unbiased=False))
         metrics["acr/acr100"] = self.acr100
+        metrics["acr/acr100_steps"] = float(min(self.steps, self.cfg.early_steps))
         self._maybe_alert()
         metrics["acr/early_warning"] = float(self.alert_step is not None)
 

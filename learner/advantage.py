@@ -12,6 +12,9 @@ A group is *collapsed* when ``sigma_pop(R_j) < tau`` or G = 1 (see ``diagnostics
   K_j virtual rewards V_j joined to its statistics (paper Eq. 8-10, 13-14):
   A_ji = (r_ji - mean(R_j u V_j)) / (std(R_j u V_j) + eps), real samples only;
   K_j = max(1, min(G_j, ceil(G_j * ACR_t ** alpha))), or a fixed ``k`` (clipped to [1, G_j]).
+- ``avspo_release``: the authors' released rule (their TRL fork): as ``grpo`` with eps = 1e-4,
+  except that when *every* reward of the step equals r_lo (or every one equals r_hi), each group
+  gets one virtual sample of the opposite label (r_hi, or r_lo) joined to its statistics.
 
 Every collapsed group gets exactly 0 from ``grpo``/``dr_grpo``/``rloo`` (never NaN, whatever
 eps). Virtual values for k = 1..K (r_lo, r_hi = the task's reward range):
@@ -62,7 +65,7 @@ class AdvantageResult:
     num_virtual: int  # virtual samples added in the step
     acr: float  # ACR_t of the real rewards
     k: Tensor = field(repr=False)  # [M] long, virtual samples per group (0 if not augmented)
-    triggered: bool = False  # ACR_t > tau_adapt (AVSPO only)
+    triggered: bool = False  # AVSPO: ACR_t > tau_adapt; avspo_release: the step-wide rule fired
     stats: CollapseStats | None = field(default=None, repr=False)  # of the real rewards
 
     @property
@@ -322,6 +325,79 @@ def avspo_advantages(
     )
 
 
+def avspo_release_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    eps: float = 1e-4,
+    tau: float = 1e-6,
+    reward_range: tuple[float, float] = (0.0, 1.0),
+    unbiased: bool = True,
+) -> AdvantageResult:
+    """The authors' released AVSPO rule (their TRL fork; DESIGN.md section 4, ``avspo_release``).
+
+    Only when *every* reward of the step equals r_lo (or every one equals r_hi; exact float
+    equality, the rewards being binary) does the rule fire: each group j then gets ONE virtual
+    sample v of the opposite label (v = r_hi for an all-r_lo step, r_lo for an all-r_hi one), and
+    its real samples get A_ji = (r_ji - mean(R_j u {v})) / (std(R_j u {v}) + eps) over the G_j + 1
+    values (unbiased std by default), eps = 1e-4. Otherwise it is plain GRPO with the same eps
+    (collapsed groups get exactly 0). The virtual sample has no tokens.
+
+    How it differs from the paper's ``avspo`` (:func:`avspo_advantages`): the paper triggers per
+    step when ACR_t > tau_adapt, and then augments every collapsed group, even when other groups
+    of the step are informative; it adds K_t virtual samples valued by a strategy (``stratified``
+    by default) and uses eps = 1e-6. The release fires only on a whole-step collapse to a single
+    label, adds one opposite-label sample per group, has no threshold (``tau_adapt`` plays no
+    part) and uses eps = 1e-4.
+
+    Two groups of G = 2, all incorrect: v = 1 joins each, {0, 0, 1} has mean 1/3 and unbiased
+    std sqrt((2/9 + 4/9) / 2) = sqrt(1/3), so A = -(1/3) / sqrt(1/3) = -0.5774 (eps = 0); all
+    correct mirrors it; a step with both labels is plain GRPO (here both groups collapsed: 0).
+
+    >>> g = torch.tensor([0, 0, 1, 1])
+    >>> res = avspo_release_advantages(torch.zeros(4), g, eps=0.0)
+    >>> [round(a, 4) for a in res.advantages.tolist()], res.triggered, res.num_virtual
+    ([-0.5774, -0.5774, -0.5774, -0.5774], True, 2)
+    >>> res = avspo_release_advantages(torch.ones(4), g, eps=0.0)
+    >>> [round(a, 4) for a in res.advantages.tolist()]
+    [0.5774, 0.5774, 0.5774, 0.5774]
+    >>> res = avspo_release_advantages(torch.tensor([0.0, 0.0, 1.0, 1.0]), g)
+    >>> res.advantages.tolist(), res.triggered, res.num_virtual
+    ([0.0, 0.0, 0.0, 0.0], False, 0)
+    """
+    r_lo, r_hi = reward_range
+    if not r_lo < r_hi:
+        raise ValueError(f"reward_range must satisfy r_lo < r_hi, got {reward_range}")
+    stats = collapse_stats(rewards, group_ids, tau=tau, r_lo=r_lo)
+    # Exact equality on the rewards as given (before any dtype change), as the release does.
+    all_lo = bool((rewards == r_lo).all())
+    all_hi = bool((rewards == r_hi).all())
+    rewards = rewards.to(stats.mean.dtype)
+    if not (all_lo or all_hi):
+        denom = _grpo_denom(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
+        return _result(stats, _apply(rewards, stats, stats.mean, denom), triggered=False)
+
+    # Every group holds G_j copies of one value r (M2_R = 0) plus one virtual v: by Chan's
+    # formula with K = 1, mean_u = (G r + v) / (G + 1), M2_u = G / (G + 1) * (r - v)^2.
+    groups, dtype = stats.groups, rewards.dtype
+    v = r_hi if all_lo else r_lo
+    g_real = groups.size.to(dtype)  # [M]
+    gap = stats.mean - v
+    mean_u = (g_real * stats.mean + v) / (g_real + 1)
+    m2_u = g_real / (g_real + 1) * gap * gap
+    dof = g_real + (0 if unbiased else 1)
+    denom = _zero_where(torch.sqrt(m2_u / dof) + eps)
+    m = groups.num
+    return _result(
+        stats,
+        _apply(rewards, stats, mean_u, denom),
+        augmented=torch.ones(m, dtype=torch.bool),
+        num_virtual=m,
+        k=torch.ones(m, dtype=torch.long),
+        triggered=True,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Registry: every estimator has the signature fn(rewards, group_ids, cfg, *, tau_adapt,
 # reward_range, generator) -> AdvantageResult, where cfg is an AlgorithmConfig. The caller looks
@@ -381,4 +457,17 @@ def _avspo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
         k=a.k,
         unbiased=cfg.unbiased_std,
         generator=generator,
+    )
+
+
+@register_estimator("avspo_release")
+def _avspo_release(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
+    # tau_adapt and the trigger play no part: the release fires only on a whole-step collapse.
+    return avspo_release_advantages(
+        rewards,
+        group_ids,
+        eps=cfg.eps,
+        tau=cfg.tau,
+        reward_range=reward_range,
+        unbiased=cfg.unbiased_std,
     )

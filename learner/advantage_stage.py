@@ -1,7 +1,20 @@
-"""The advantage stage: estimator (by name) + AVSPO trigger, once per training step.
+"""The advantage stage: the driver's own stage between reward collection and the update.
 
-It sits between reward collection and the update (DESIGN.md section 2). Pure torch, no Ray: the
-learner group front owns one and calls it on each step's real rewards.
+DESIGN.md section 2: one pure-torch object (no Ray) that sees every generated group of a step,
+before any filtering, and hands the learner a finished batch. :meth:`AdvantageStage.process`
+takes the step's groups and verdicts and
+
+1. turns verdict scores into rewards (plus DAPO's overlong penalty when
+   ``algorithm.overlong.shaping``: r + penalty(|y|), :func:`overlong_penalty`);
+2. runs the configured estimator (by name) and trigger policy on the groups that are trained
+   (all of them, or DAPO's selection), then updates the trigger (:meth:`__call__`);
+3. feeds the ACR monitor with *every* generated group (``acr/raw`` is before any intervention;
+   groups left out of training count as zero-advantage), with the same ``algorithm.tau``;
+4. builds the :class:`~learner.batch.TrainBatch` of the trained groups (DAPO's overlong filter
+   masks truncated responses out of the loss).
+
+It returns the batch and the step's ``acr/*``, ``avspo/*``, ``reward/*`` and
+``response_length/*`` metrics; ``acr/trained`` is the collapse rate of the trained groups.
 
 >>> from learner.config import AlgorithmConfig
 >>> stage = AdvantageStage(AlgorithmConfig(), reward_range=(0.0, 1.0), seed=0)
@@ -15,20 +28,47 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from diagnostics.acr import ACRMonitor, MonitorConfig
 from learner.advantage import AdvantageResult, get_estimator
+from learner.batch import TrainBatch, build_batch
 from learner.config import AlgorithmConfig
 from learner.trigger import make_trigger
+from rollout.types import Group
+
+
+def overlong_penalty(lengths: Tensor, *, max_len: int, buffer_len: int, factor: float) -> Tensor:
+    """DAPO's soft overlong punishment: 0 up to L_max - L_cache tokens, then linearly down to
+    -factor at L_max (and below past it).
+
+    >>> overlong_penalty(torch.tensor([4, 6, 7, 8]), max_len=8, buffer_len=4, factor=1.0).tolist()
+    [0.0, -0.5, -0.75, -1.0]
+    """
+    over = (lengths.to(torch.float32) - (max_len - buffer_len)).clamp(min=0)
+    return 0.0 - factor * over / buffer_len  # 0.0 - 0.0 = +0.0 (no -0.0 in the metrics)
 
 
 class AdvantageStage:
     def __init__(
-        self, cfg: AlgorithmConfig, *, reward_range: tuple[float, float], seed: int
+        self,
+        cfg: AlgorithmConfig,
+        *,
+        reward_range: tuple[float, float],
+        seed: int,
+        monitor: MonitorConfig | None = None,
+        pad_id: int = 0,
+        max_response_len: int | None = None,
     ) -> None:
+        """``max_response_len`` (the configured ``max_new_tokens``) is L_max of the overlong
+        penalty; ``pad_id`` pads the train batch."""
         self.cfg = cfg
         self.reward_range = (float(reward_range[0]), float(reward_range[1]))
         self.estimator = get_estimator(cfg.estimator)
         self.trigger = make_trigger(cfg.trigger)
         self.generator = torch.Generator().manual_seed(seed)  # `random` virtual rewards only
+        self.monitor = ACRMonitor(monitor, tau=cfg.tau, r_lo=self.reward_range[0])
+        self.pad_id, self.max_response_len = pad_id, max_response_len
+        if cfg.overlong.shaping and max_response_len is None:
+            raise ValueError("overlong shaping needs max_response_len")
 
     def __call__(self, rewards: Tensor, group_ids: Tensor) -> tuple[AdvantageResult, dict]:
         """Advantages of one step, and its ``avspo/*`` metrics; then the trigger updates."""
@@ -52,13 +92,72 @@ class AdvantageStage:
         }
         return result, metrics
 
+    def process(
+        self,
+        groups: list[Group],
+        verdicts: list,
+        *,
+        prompt_keys: list[str] | None = None,
+        trained: list[bool] | None = None,
+    ) -> tuple[TrainBatch, dict[str, float]]:
+        """One step: every generated group and its verdicts (``.score``, ``.reason``; sample
+        order) -> the train batch of the ``trained`` groups (default: all) and the metrics."""
+        sizes = torch.tensor([len(g.samples) for g in groups])
+        group_ids = torch.arange(len(groups)).repeat_interleave(sizes)  # [N]
+        samples = [s for g in groups for s in g.samples]
+        if len(verdicts) != len(samples):
+            raise ValueError(f"{len(samples)} samples but {len(verdicts)} verdicts")
+        lengths = torch.tensor([len(s.response_ids) for s in samples])  # [N]
+        truncated = torch.tensor([s.finish_reason == "length" for s in samples])  # [N]
+        rewards = torch.tensor([float(v.score) for v in verdicts], dtype=torch.float32)
+        ov = self.cfg.overlong
+        if ov.shaping:
+            rewards = rewards + overlong_penalty(
+                lengths,
+                max_len=self.max_response_len,
+                buffer_len=ov.buffer_len,
+                factor=ov.penalty_factor,
+            )
+        keep = torch.ones(len(groups), dtype=torch.bool)
+        if trained is not None:
+            keep = torch.tensor(trained, dtype=torch.bool)
+        rows = keep[group_ids]  # [N] samples that are trained
+        train_ids = torch.arange(int(keep.sum())).repeat_interleave(sizes[keep])
+        result, metrics = self(rewards[rows], train_ids)
+        advantages = torch.zeros_like(rewards)  # groups left out of training: no gradient
+        advantages[rows] = result.advantages.to(rewards.dtype)
+        metrics |= self.monitor.update(
+            rewards,
+            group_ids,
+            advantages,
+            lengths,
+            prompt_keys=prompt_keys,
+            verifier_reasons=[v.reason for v in verdicts],
+            stats=result.stats if bool(keep.all()) else None,
+        )
+        metrics |= {
+            "acr/trained": result.acr,
+            "reward/mean": float(rewards[rows].double().mean()),
+            "response_length/mean": float(lengths[rows].double().mean()),
+            "response_length/clip_ratio": float(truncated.double().mean()),
+        }
+        batch = build_batch(
+            [g for g, k in zip(groups, keep.tolist(), strict=True) if k],
+            result.advantages,
+            pad_id=self.pad_id,
+            masked_out=truncated[rows] if ov.filter else None,
+        )
+        return batch, metrics
+
     def state_dict(self) -> dict:
-        """JSON-serialisable: trigger state and the virtual-sample RNG."""
+        """JSON-serialisable: trigger state, the virtual-sample RNG and the ACR monitor."""
         return {
             "trigger": self.trigger.state_dict(),
             "generator": self.generator.get_state().tolist(),
+            "monitor": self.monitor.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.trigger.load_state_dict(state["trigger"])
         self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+        self.monitor.load_state_dict(state["monitor"])

@@ -1,15 +1,16 @@
-"""The stages wired by hand, in process (the driver loop comes later): rollout (hf engine) ->
-verifier pool -> advantage stage + ACR monitor -> train batch -> policy loss and its gradient."""
+"""The production stages in process, no Ray: rollout (hf engine) -> verifier pool -> the driver's
+advantage stage + ACR monitor (AdvantageStage.process) -> the rank's micro-batch loss
+(learner.rank.microbatch_loss) and its gradient, at a sampling temperature != 1."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from diagnostics.acr import ACRMonitor, MonitorConfig
 from learner.advantage_stage import AdvantageStage
-from learner.batch import build_batch, token_logprobs
 from learner.config import AlgorithmConfig
-from learner.loss import policy_loss
+from learner.loss import LossConfig
+from learner.rank import microbatch_loss
 from learner.trigger import TriggerConfig
 from reward import verify
 from reward.tasks import TaskConfig, make_task
@@ -18,51 +19,68 @@ from rollout.types import SamplingConfig
 from tests.metric_names import SECTION5
 
 
-def _step(engine, problems, cfg: AlgorithmConfig):
-    # greedy: the 8 samples of a prompt are identical, so every group collapses (ACR = 1)
-    groups = engine.generate([p.prompt for p in problems], SamplingConfig(n=8, temperature=0.0))
+def _step(engine, problems, cfg: AlgorithmConfig, params: SamplingConfig):
+    groups = engine.generate([p.prompt for p in problems], params)
     responses = [s.text for g in groups for s in g.samples]
     references = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g.samples]
     verdicts = verify(responses, references, verifier="numeric")
-    rewards = torch.tensor([v.score for v in verdicts])
-    group_ids = torch.arange(len(groups)).repeat_interleave(8)
-    stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
-    result, avspo_metrics = stage(rewards, group_ids)
-    batch = build_batch(groups, result.advantages, pad_id=engine.tokenizer.pad_token_id)
-    metrics = ACRMonitor(MonitorConfig()).update(
-        rewards,
-        group_ids,
-        result.advantages,
-        batch.response_mask.sum(1),
-        prompt_keys=[p.uid for p in problems],
-        verifier_reasons=[v.reason for v in verdicts],
-        stats=result.stats,
+    stage = AdvantageStage(
+        cfg, reward_range=(0.0, 1.0), seed=0, pad_id=engine.tokenizer.pad_token_id
     )
+    batch, metrics = stage.process(groups, verdicts, prompt_keys=[p.uid for p in problems])
     model = engine.model
     model.zero_grad()
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    logp = token_logprobs(logits, batch.input_ids)
-    out = policy_loss(logp, batch.old_logprobs, batch.advantages, batch.response_mask)
+    out, logp = microbatch_loss(
+        model,
+        batch,
+        LossConfig(),
+        temperature=params.temperature or 1.0,
+        total_tokens=float(batch.num_tokens),
+        total_seqs=float(len(batch)),
+    )
     out.loss.backward()
     grad = sum(p.grad.norm() ** 2 for p in model.parameters() if p.grad is not None) ** 0.5
-    # the engine's log-probs are the learner's: ratio 1 at the start of the update
+    # the engine's log-probs are the learner's at the same temperature: ratio 1 at the start
     assert torch.allclose(logp * batch.response_mask, batch.old_logprobs, atol=1e-5)
-    return {**metrics, **avspo_metrics}, float(grad), result
+    assert out.metrics["ratio_mean"].item() == pytest.approx(1.0, abs=1e-5)
+    return metrics, float(grad), batch
 
 
-def test_stage_flow_on_the_tiny_model(tiny_model_dir):
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
     engine = HFEngine(tiny_model_dir)
     for p in engine.model.parameters():
         p.requires_grad_(True)
+    return engine
+
+
+def test_greedy_collapse_gets_a_gradient_from_avspo_only(engine):
     task = make_task(TaskConfig(difficulty=0, num_train=8, num_test=1))  # easy: groups collapse
+    # greedy: the 8 samples of a prompt are identical, so every group collapses (ACR = 1)
+    greedy = SamplingConfig(n=8, temperature=0.0)
     grpo = AlgorithmConfig(estimator="grpo", trigger=TriggerConfig(policy="never"))
     avspo = AlgorithmConfig(trigger=TriggerConfig(policy="always"))
-    m_grpo, g_grpo, r_grpo = _step(engine, task.train, grpo)
-    m_avspo, g_avspo, r_avspo = _step(engine, task.train, avspo)
-    assert set(m_avspo) >= SECTION5
-    assert m_grpo["acr/raw"] == m_avspo["acr/raw"] == 1.0
+    m_grpo, g_grpo, b_grpo = _step(engine, task.train, grpo, greedy)
+    m_avspo, g_avspo, b_avspo = _step(engine, task.train, avspo, greedy)
+    assert set(m_avspo) >= SECTION5 | {"acr/trained", "response_length/clip_ratio"}
+    assert m_grpo["acr/raw"] == m_avspo["acr/raw"] == 1.0 == m_grpo["acr/trained"]
     assert m_grpo["acr/batch_collapsed"] == 1.0 and m_grpo["acr/effective"] == 1.0
     assert m_avspo["avspo/triggered"] == 1.0 and m_avspo["avspo/virtual_samples"] > 0
     assert m_avspo["acr/effective"] == 0.0  # every group got a signal from virtual samples
     assert g_grpo == 0.0 and g_avspo > 0.0  # GRPO learns nothing from this batch; AVSPO does
-    assert r_grpo.advantages.abs().sum() == 0 and r_avspo.advantages.abs().sum() > 0
+    assert b_grpo.advantages.abs().sum() == 0 and b_avspo.advantages.abs().sum() > 0
+
+
+def test_sampling_at_t_0_6_the_learner_scores_what_was_sampled(engine):
+    """At T = 0.6 the engine's log-probs are log_softmax(logits / 0.6) and the learner divides
+    its logits by 0.6 too: the PPO ratio starts at 1 (checked inside _step). On the old code the
+    engine reported T = 1 log-probs while sampling at 0.6 and this failed."""
+    task = make_task(TaskConfig(difficulty=2, num_train=8, num_test=1))
+    params = SamplingConfig(n=8, temperature=0.6, max_new_tokens=8, seed=3)
+    metrics, grad, batch = _step(engine, task.train, AlgorithmConfig(), params)
+    assert grad > 0 and batch.num_tokens > 0
+    plain = engine.generate([task.train[0].prompt], params)[0].samples[0]
+    t1 = engine.score(
+        engine.generate([task.train[0].prompt], params)[0].prompt_ids, plain.response_ids
+    )
+    assert not torch.allclose(torch.tensor(t1), torch.tensor(plain.logprobs), atol=1e-3)

@@ -58,7 +58,7 @@ def test_equals_trl_frac_reward_zero_std(seed):
     r = (torch.rand(M * G, generator=gen) < torch.rand(1, generator=gen)).float()
     std = r.view(-1, G).std(dim=1)
     trl = torch.isclose(std, torch.zeros_like(std)).repeat_interleave(G).float().mean().item()
-    mon = ACRMonitor(MonitorConfig(tau=1e-8))
+    mon = ACRMonitor(MonitorConfig(), tau=1e-8)
     m = mon.update(r, torch.arange(M).repeat_interleave(G), torch.zeros(M * G), torch.ones(M * G))
     assert m["frac_reward_zero_std"] == pytest.approx(trl)
     assert m["acr/raw"] == pytest.approx(trl)
