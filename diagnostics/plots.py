@@ -8,16 +8,8 @@ code: no display needed, and unlike ``matplotlib.use("Agg")`` it never switches 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from diagnostics.report import Run
-
-
-def early_warning_step(run: Run) -> int | None:
-    """First step whose ``acr/early_warning`` is 1 (the monitor's alert), if any."""
-    return next((s for s, v in zip(*run.series("acr/early_warning"), strict=True) if v), None)
-
+from diagnostics.runs import Run, early_warning_step
 
 PAPER_INTERCEPT, PAPER_SLOPE, PAPER_R2 = 51.4, -29.6, 0.617  # accuracy in percent vs ACR100
 

@@ -8,7 +8,9 @@ resolved config) and ``prompt_history.json`` (optional, the ACR monitor's per-pr
 :func:`summarize`, over the steps that log each metric: start accuracy = ``eval/accuracy`` at
 step 0; final = at the last evaluated step t >= 1; best = max over all evaluations; ACR100 = the
 last logged ``acr/acr100``, else the mean of ``acr/raw`` over steps 1..100 (``acr.early_steps``;
-a running mean for a shorter run, as the monitor does); means of ``acr/raw``, ``acr/high``,
+a running mean for a shorter run, as the monitor does), and the steps it covers = the last
+logged ``acr/acr100_steps``, else the number of steps 1..100 that log ``acr/raw`` (a run shorter
+than 100 steps is flagged wherever ACR100 is shown); means of ``acr/raw``, ``acr/high``,
 ``acr/low``, ``acr/effective``, ``acr/wasted_token_frac``; trigger rate = mean of
 ``avspo/triggered``; timing share of part p = sum_t ``timing_s/p`` / sum_t ``timing_s/step``.
 
@@ -26,20 +28,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from diagnostics.plots import (
-    PAPER_INTERCEPT,
-    PAPER_R2,
-    PAPER_SLOPE,
-    PLOTS,
-    early_warning_step,
-    plot_cross,
-    plot_run,
-)
+from diagnostics.plots import PAPER_INTERCEPT, PAPER_R2, PAPER_SLOPE, PLOTS, plot_cross, plot_run
+from diagnostics.runs import Run, early_warning_step
 
 PAPER_LINE = f"accuracy (%) = 51.4 - 29.6 x ACR100, R^2 = {PAPER_R2} (arXiv 2605.21125)"
 TIMING_PARTS = ("generate", "verify", "learner", "weight_sync")
@@ -47,28 +41,6 @@ TIMING_PARTS = ("generate", "verify", "learner", "weight_sync")
 
 class RunDataError(ValueError):
     """A run directory whose data cannot be read; the message names the file (and line)."""
-
-
-@dataclass
-class Run:
-    """One run directory's data."""
-
-    path: Path
-    rows: dict[int, dict[str, float]]  # step -> finite metric values (nulls dropped), ascending
-    config: dict = field(default_factory=dict)
-    prompt_history: dict | None = None  # {"summary": {...}, "prompts": {key: [n, high, low]}}
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    def series(self, key: str) -> tuple[list[int], list[float]]:
-        """Steps that log ``key`` with a finite value, and those values."""
-        steps = [s for s, row in self.rows.items() if key in row]
-        return steps, [self.rows[s][key] for s in steps]
-
-    def metric_names(self) -> set[str]:
-        return {k for row in self.rows.values() for k in row}
 
 
 # --- loading ---------------------------------------------------------------------------------
@@ -211,7 +183,7 @@ def summarize(run: Run) -> dict:
         "final_tau_adapt": (run.series("avspo/tau_adapt")[1] or [None])[-1],
         "early_warning_step": early_warning_step(run),
     }
-    out["acr100"], out["acr100_source"] = _acr100(run)
+    out["acr100"], out["acr100_source"], out["acr100_steps"], out["acr100_window"] = _acr100(run)
     for name in ("raw", "high", "low", "effective", "wasted_token_frac"):
         out[f"mean_acr_{name}"] = _mean(run.series(f"acr/{name}")[1])
     for name in ("error", "timeout"):
@@ -220,13 +192,35 @@ def summarize(run: Run) -> dict:
     return out
 
 
-def _acr100(run: Run) -> tuple[float | None, str | None]:
-    logged = run.series("acr/acr100")[1]
-    if logged:
-        return logged[-1], "logged acr/acr100"
+def _acr100(run: Run) -> tuple[float | None, str | None, int | None, int]:
+    """(ACR100, where it came from, steps it covers, the window ``acr.early_steps``)."""
     early = int(_cfg(run.config, "acr.early_steps", 100))
     first = [v for s, v in zip(*run.series("acr/raw"), strict=True) if 1 <= s <= early]
-    return _mean(first), (f"mean acr/raw over steps 1..{early}" if first else None)
+    counted = run.series("acr/acr100_steps")[1]
+    steps = int(counted[-1]) if counted else (len(first) or None)
+    logged = run.series("acr/acr100")[1]
+    if logged:
+        return logged[-1], "logged acr/acr100", steps, early
+    if not first:
+        return None, None, None, early
+    return _mean(first), f"mean acr/raw over steps 1..{early}", steps, early
+
+
+def acr100_coverage(s: dict, *, always: bool = True) -> str | None:
+    """How many steps the summary's ACR100 averages, e.g. ``"over 40 steps, run shorter than
+    100"``; None without an ACR100 (or a step count), and, unless ``always``, for a full window.
+
+    >>> acr100_coverage({"acr100": 0.4, "acr100_steps": 40, "acr100_window": 100})
+    'over 40 steps, run shorter than 100'
+    >>> acr100_coverage({"acr100": 0.4, "acr100_steps": 100, "acr100_window": 100}, always=False)
+    """
+    steps, window = s.get("acr100_steps"), s.get("acr100_window", 100)
+    if s.get("acr100") is None or steps is None:
+        return None
+    short = steps < window
+    if not (short or always):
+        return None
+    return f"over {steps} steps" + (f", run shorter than {window}" if short else "")
 
 
 def _timing(run: Run) -> tuple[float | None, dict[str, float]]:
@@ -293,6 +287,7 @@ def _acc(v) -> str:
 
 def _summary_table(s: dict) -> list[str]:
     warn, src = s["early_warning_step"], s["acr100_source"] or "no acr/raw logged"
+    coverage = acr100_coverage(s)
     strata = f"{_num(s['mean_acr_high'])} / {_num(s['mean_acr_low'])}"
     verifier = f"{_num(s['mean_verifier_error_frac'])} / {_num(s['mean_verifier_timeout_frac'])}"
     shares = [f"{k} {100 * v:.0f}%" for k, v in s["timing_share"].items()]
@@ -301,7 +296,7 @@ def _summary_table(s: dict) -> list[str]:
         (f"final held-out accuracy (step {s['final_accuracy_step']})", _acc(s["final_accuracy"])),
         (f"best held-out accuracy (step {s['best_accuracy_step']})", _acc(s["best_accuracy"])),
         ("mean training reward", _num(s["mean_reward"])),
-        ("ACR100", f"{_num(s['acr100'])} ({src})"),
+        ("ACR100", f"{_num(s['acr100'])} ({f'{coverage}; ' if coverage else ''}{src})"),
         ("mean acr/raw (high / low)", f"{_num(s['mean_acr_raw'])} ({strata})"),
         ("mean acr/effective", _num(s["mean_acr_effective"])),
         ("AVSPO trigger rate (steps)", f"{_num(s['trigger_rate'])} ({s['triggers']})"),
@@ -319,8 +314,10 @@ def _paper_text(s: dict) -> str:
     text = f"The paper fits {PAPER_LINE} over its runs; runs with ACR100 > 0.5 rarely exceed 35%."
     if s["acr100"] is not None:
         final = "n/a" if s["final_accuracy"] is None else f"{100 * s['final_accuracy']:.1f}%"
+        short = acr100_coverage(s, always=False)
+        at = f"{s['acr100']:.3f}" + (f" ({short})" if short else "")
         text += (
-            f" At this run's ACR100 = {s['acr100']:.3f} its line gives "
+            f" At this run's ACR100 = {at} its line gives "
             f"{PAPER_INTERCEPT + PAPER_SLOPE * s['acr100']:.1f}%; this run's final held-out "
             f"accuracy is {final}."
         )
@@ -401,10 +398,30 @@ def _cross_row(label: str, run: Run, s: dict, out: Path) -> str:
     report = run.path / "report.md"
     name = f"[{label}]({os.path.relpath(report, out)})" if report.is_file() else label
     pct = [None if v is None else 100 * v for v in (s["start_accuracy"], s["final_accuracy"])]
+    steps = "n/a" if s["acr100"] is None or s["acr100_steps"] is None else s["acr100_steps"]
     return (
-        f"| {name} | {s['algorithm'] or 'n/a'} | {_num(s['acr100'])} | {_num(pct[0], 1)} | "
-        f"{_num(pct[1], 1)} | {_num(s['trigger_rate'])} |"
+        f"| {name} | {s['algorithm'] or 'n/a'} | {_num(s['acr100'])} | {steps} | "
+        f"{_num(pct[0], 1)} | {_num(pct[1], 1)} | {_num(s['trigger_rate'])} |"
     )
+
+
+def _short_note(short: list[tuple[str, dict]]) -> list[str]:
+    """A sentence naming the runs whose ACR100 covers fewer steps than its window."""
+    if not short:
+        return []
+    windows = {s["acr100_window"] for _, s in short}
+    only = windows.pop() if len(windows) == 1 else None
+    names = ", ".join(
+        f"{label} ({s['acr100_steps']} steps)"
+        if only is not None
+        else f"{label} ({s['acr100_steps']} of {s['acr100_window']} steps)"
+        for label, s in short
+    )
+    head = f"fewer than {only} steps" if only is not None else "fewer steps than its window"
+    return [
+        f"ACR100 covers {head}: {names}. Their ACR100 is the running mean over the steps they ran.",
+        "",
+    ]
 
 
 def write_cross_run(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
@@ -417,12 +434,17 @@ def write_cross_run(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = [load_run(d) for d in run_dirs]
-    table = ["| run | algorithm | ACR100 | start acc. (%) | final acc. (%) | trigger rate |"]
-    table.append("| --- | --- | --- | --- | --- | --- |")
-    points, left_out = [], []
+    table = [
+        "| run | algorithm | ACR100 | ACR100 steps | start acc. (%) | final acc. (%) | "
+        "trigger rate |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    points, left_out, short = [], [], []
     for label, run in zip(_labels(runs), runs, strict=True):
         s = summarize(run)
         table.append(_cross_row(label, run, s, out))
+        if acr100_coverage(s, always=False):
+            short.append((label, s))
         if s["acr100"] is None or s["final_accuracy"] is None:
             left_out.append(f"{label} (no {'ACR100' if s['acr100'] is None else 'final accuracy'})")
         else:
@@ -432,7 +454,7 @@ def write_cross_run(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
         "# Final accuracy vs ACR100", "",
         "Units: ACR100 is a fraction of groups in [0, 1]; accuracy is held-out pass@1 in percent "
         "(our accuracies are fractions in [0, 1], times 100), the paper's unit.", "",
-        *table, "", "## Fit", "", sentence, "", f"Paper: {PAPER_LINE}.", "",
+        *table, "", *_short_note(short), "## Fit", "", sentence, "", f"Paper: {PAPER_LINE}.", "",
     ]  # fmt: skip
     if left_out:
         lines += [f"Not in the fit: {', '.join(left_out)}.", ""]

@@ -15,7 +15,14 @@ import os
 import sys
 from pathlib import Path
 
-from diagnostics.report import RunDataError, load_run, summarize, write_cross_run, write_report
+from diagnostics.report import (
+    RunDataError,
+    acr100_coverage,
+    load_run,
+    summarize,
+    write_cross_run,
+    write_report,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,15 +51,18 @@ def common_parent(run_dirs: list[Path]) -> Path:
 
 
 def one_line(s: dict) -> str:
-    """``name (algorithm): accuracy start -> final, ACR100, trigger rate, wasted tokens, alert``."""
+    """``name (algorithm): accuracy start -> final, ACR100, trigger rate, wasted tokens, alert``;
+    an ACR100 over fewer steps than its window says so: ``ACR100 0.412 (over 40 steps, run shorter
+    than 100)``."""
 
     def f(v, digits=3):
         return "n/a" if v is None else f"{v:.{digits}f}"
 
-    warn = s["early_warning_step"]
+    warn, short = s["early_warning_step"], acr100_coverage(s, always=False)
     return (
         f"{s['run']} ({s['algorithm'] or 'unknown algorithm'}): accuracy {f(s['start_accuracy'])}"
-        f" -> {f(s['final_accuracy'])} (best {f(s['best_accuracy'])}), ACR100 {f(s['acr100'])}, "
+        f" -> {f(s['final_accuracy'])} (best {f(s['best_accuracy'])}), ACR100 {f(s['acr100'])}"
+        f"{f' ({short})' if short else ''}, "
         f"acr/effective {f(s['mean_acr_effective'])}, trigger rate {f(s['trigger_rate'])}, "
         f"wasted tokens {f(s['mean_acr_wasted_token_frac'])}, early warning "
         f"{'none' if warn is None else f'at step {warn}'}"

@@ -19,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from diagnostics.acr import MonitorConfig
-from launch.bootstrap import ModelConfig
+from launch.model_config import ModelConfig
 from learner.config import AlgorithmConfig, LearnerConfig, minibatch_problem
 from reward.pool import PoolConfig
 from reward.tasks import TaskConfig
@@ -122,6 +122,18 @@ class TrainConfig:
         problem = minibatch_problem(n, self.learner.mini_batch_size, self.learner.num_ranks)
         if problem:
             return f"learner.mini_batch_size: {problem} (trainer.prompts_per_step x n_samples)"
+        sampling = self.rollout.sampling
+        if sampling.temperature <= 0:
+            return (
+                "rollout.sampling.temperature: training samples at T > 0 (the learner divides its "
+                f"logits by T), got {sampling.temperature}"
+            )
+        ov = self.algorithm.overlong
+        if ov.shaping and ov.buffer_len >= sampling.max_new_tokens:
+            return (
+                f"algorithm.overlong.buffer_len: {ov.buffer_len} must be below the max response "
+                f"length rollout.sampling.max_new_tokens ({sampling.max_new_tokens})"
+            )
         return None
 
 

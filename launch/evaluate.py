@@ -1,72 +1,18 @@
-"""Held-out evaluation: pass@1 (greedy) and pass@k (k samples at a temperature) on a task's test
-split. The driver loop calls :func:`evaluate`; ``python -m launch.evaluate [overrides]`` runs it
-on a model or a checkpoint (``trainer.resume=<checkpoint folder>``) and prints JSON.
-
-pass@k uses the unbiased estimator of Chen et al. (2021) per problem, averaged:
-pass@k = 1 - C(n - c, k) / C(n, k) for n samples of which c are correct; with n = k it is the
-share of problems with at least one correct sample.
-"""
+"""``python -m launch.evaluate [overrides]``: held-out evaluation (launch/heldout.py: greedy
+pass@1, pass@k) of a model or a checkpoint (``trainer.resume=<checkpoint folder>``), as JSON on
+stdout. The sampled pass@k uses the seed the training run used at that checkpoint's step."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
-import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from launch.config import exit_on_config_error, to_train_config
-from reward.tasks import Problem
-from rollout.types import Group, SamplingConfig
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Probability that at least one of k samples drawn without replacement from n (c correct)
-    is correct.
-
-    >>> pass_at_k(4, 1, 1), pass_at_k(4, 1, 2), pass_at_k(4, 0, 4), pass_at_k(4, 1, 4)
-    (0.25, 0.5, 0.0, 1.0)
-    """
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-Generate = Callable[[list[str], SamplingConfig], list[Group]]
-Verify = Callable[[list[Group], list[Problem]], list]
-
-
-def evaluate(
-    generate: Generate,
-    verify: Verify,
-    problems: list[Problem],
-    sampling: SamplingConfig,
-    *,
-    k: int = 0,
-    temperature: float = 1.0,
-    seed: int = 0,
-) -> dict[str, float]:
-    """``eval/accuracy`` (greedy pass@1) and, when k > 0, ``eval/pass@{k}`` and
-    ``eval/mean@{k}`` (mean accuracy of the k samples at ``temperature``)."""
-    prompts = [p.prompt for p in problems]
-    greedy = dataclasses.replace(sampling, n=1, temperature=0.0, seed=seed)
-    verdicts = verify(generate(prompts, greedy), problems)
-    out = {"eval/accuracy": sum(v.score for v in verdicts) / len(verdicts)}
-    if k > 0:
-        params = dataclasses.replace(sampling, n=k, temperature=temperature, seed=seed)
-        verdicts = verify(generate(prompts, params), problems)
-        scores = [v.score >= 1.0 for v in verdicts]  # [P * k], problem-major
-        correct = [sum(scores[i * k : (i + 1) * k]) for i in range(len(problems))]
-        out[f"eval/pass@{k}"] = sum(pass_at_k(k, c, k) for c in correct) / len(correct)
-        out[f"eval/mean@{k}"] = sum(v.score for v in verdicts) / len(verdicts)
-    return out
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -79,7 +25,7 @@ def main(raw: DictConfig) -> None:
     with exit_on_config_error():
         trainer = Trainer(cfg, Path.cwd(), log=log, learner=False)
     try:
-        metrics = trainer.evaluate()
+        metrics = trainer.evaluate(trainer.checkpoint_step())
     finally:
         trainer.shutdown()
     print(

@@ -1,15 +1,17 @@
 """The driver loop (DESIGN.md section 2): it asks each stage for its output and hands it on.
 
-    prompts -> rollout workers (n per prompt) -> verifier pool -> learner group (advantage stage
-    + ACR monitor + update) -> weight sync (policy version v+1) -> next step
+    prompts -> rollout workers (n per prompt) -> verifier pool -> advantage stage + ACR monitor
+    (driver-side, pure torch) -> learner group (update) -> weight sync (policy version v+1)
 
 Stages never call each other; the only backward edge is the weight sync. Held-out evaluation
 (greedy pass@1, and pass@k) runs at step 0, every ``trainer.eval_every`` steps and at the end;
 a checkpoint is written every ``trainer.save_every`` steps and at the end, and
 ``trainer.resume=auto|<path>`` continues a run from one, bit-exactly on CPU (the data position
-and every RNG state are in the checkpoint; each step's sampling seed derives from the step).
-With ``algorithm.dynamic_sampling.enabled`` (DAPO), collapsed groups are dropped and more
-prompts generated, for at most ``max_rounds`` rounds per step.
+and every RNG state are in the checkpoint). Every generate call gets its own seed,
+``derive_seed(trainer.seed, "train", step, round)`` or ``(trainer.seed, "eval", step)``, and
+the rollout group derives one per worker (rollout/seeding.py). With
+``algorithm.dynamic_sampling.enabled`` (DAPO), collapsed groups are dropped and more prompts
+generated, for at most ``max_rounds`` rounds per step; the advantage stage still sees them all.
 """
 
 from __future__ import annotations
@@ -35,15 +37,13 @@ from diagnostics.sinks import (
 from launch.bootstrap import ensure_model
 from launch.cluster import init_ray, reserve
 from launch.config import ConfigError, TrainConfig
-from launch.evaluate import evaluate
+from launch.heldout import evaluate
 from learner import checkpoint
-from learner.config import DynamicSamplingConfig
+from learner.advantage_stage import AdvantageStage
 from reward.tasks import Problem, make_task
 from rollout.actors import get, spawn_actor_group
+from rollout.seeding import derive_seed
 from rollout.types import Group
-
-SEED_STRIDE = 1_000_003  # trainer.seed * stride + step: distinct seeds for every (seed, step)
-MAX_ROUNDS = DynamicSamplingConfig.MAX_ROUNDS  # (seed-step) * MAX_ROUNDS + round: per round
 
 
 class PromptSampler:
@@ -74,11 +74,13 @@ class PromptSampler:
 
 @dataclasses.dataclass
 class Rollouts:
-    """One step's training groups with their problems and verdicts, plus what it took."""
+    """Every group one step generated, with problems and verdicts, which of them are trained
+    (DAPO's selection; all otherwise), and what it took."""
 
     problems: list[Problem]
     groups: list[Group]
-    verdicts: list
+    verdicts: list  # sample order
+    trained: list[bool]  # per group
     metrics: dict[str, float]
 
 
@@ -100,6 +102,15 @@ class Trainer:
         if self.resume_from is not None and not learner:  # evaluate a checkpoint's weights
             self.model_path = str(self.resume_from / "model")
         pad_id = AutoTokenizer.from_pretrained(self.model_path).pad_token_id or 0
+        sampling = cfg.rollout.sampling
+        self.stage = AdvantageStage(
+            cfg.algorithm,
+            reward_range=self.task.reward_range,
+            seed=cfg.learner.seed,
+            monitor=cfg.acr,
+            pad_id=pad_id,
+            max_response_len=sampling.max_new_tokens,
+        )
         init_ray(cfg)
         placement = reserve(
             cfg, ("rollout", "verifier", "learner") if learner else ("rollout", "verifier")
@@ -117,14 +128,13 @@ class Trainer:
         )[0]
         self.learner = None
         if learner:
+            loss = cfg.algorithm.loss
             self.learner = LearnerGroup(
                 cfg.learner,
-                cfg.algorithm,
+                dataclasses.replace(loss, norm_len=loss.norm_len or sampling.max_new_tokens),
                 self.model_path,
                 dtype=cfg.model.dtype,
-                reward_range=self.task.reward_range,
-                monitor=dataclasses.replace(cfg.acr, r_lo=self.task.reward_range[0]),
-                pad_id=pad_id,
+                temperature=sampling.temperature,
                 placement=placement["learner"],
             )
         self.rollout.wait_ready()
@@ -140,18 +150,25 @@ class Trainer:
         except checkpoint.CheckpointError as err:
             raise ConfigError(f"trainer.resume: {err}") from None
 
+    def checkpoint_step(self) -> int:
+        """The step of the checkpoint being resumed or evaluated (0 without one)."""
+        if self.resume_from is None:
+            return 0
+        return int(checkpoint.read_state(self.resume_from)["step"])
+
     # ---- stages -------------------------------------------------------------------------------
 
     def verify(self, groups: list[Group], problems: list[Problem]) -> list:
         responses = [s.text for g in groups for s in g.samples]
         refs = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g.samples]
+        lowest = self.task.reward_range[0]  # a timeout or error scores the task's lowest reward
         return get(
-            [self.verifier.verify.remote(responses, refs, self.task.verifier)],
+            [self.verifier.verify.remote(responses, refs, self.task.verifier, lowest=lowest)],
             timeout_s=self.cfg.rollout.timeout_s,
             what="verification",
         )[0]
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, step: int) -> dict[str, float]:
         t = self.cfg.trainer
         return evaluate(
             self.rollout.generate,
@@ -160,60 +177,51 @@ class Trainer:
             self.cfg.rollout.sampling,
             k=t.eval_pass_k,
             temperature=t.eval_temperature,
-            seed=t.seed,
+            seed=derive_seed(t.seed, "eval", step),
         )
 
     def collect(self, step: int) -> Rollouts:
-        """Generate and verify one step's groups; with dynamic sampling, keep only groups whose
-        rewards differ, generating again (at most ``max_rounds`` rounds) until the step has
-        ``prompts_per_step`` of them."""
+        """Generate and verify one step's groups. With dynamic sampling, groups whose rewards
+        are all equal are not trained: generation repeats (at most ``max_rounds`` rounds) until
+        ``prompts_per_step`` informative groups exist; the trained set is the first
+        ``prompts_per_step`` informative ones, topped up with collapsed ones if rounds ran out.
+        Every generated group is returned (the advantage stage's monitor sees them all)."""
         want, dyn = self.cfg.trainer.prompts_per_step, self.cfg.algorithm.dynamic_sampling
-        kept, dropped = [], []  # (problem, group, verdicts) triples
+        problems, groups, verdicts, informative = [], [], [], []
         t_gen = t_ver = 0.0
-        rounds = dyn.max_rounds if dyn.enabled else 1
-        for rnd in range(rounds):
-            problems = self.sampler.next(want)
-            seed = (self.cfg.trainer.seed * SEED_STRIDE + step) * MAX_ROUNDS + rnd
+        for rnd in range(dyn.max_rounds if dyn.enabled else 1):
+            batch = self.sampler.next(want)
             params = dataclasses.replace(
-                self.cfg.rollout.sampling, n=self.cfg.rollout.n_samples, seed=seed
+                self.cfg.rollout.sampling,
+                n=self.cfg.rollout.n_samples,
+                seed=derive_seed(self.cfg.trainer.seed, "train", step, rnd),
             )
             t0 = time.perf_counter()
-            groups = self.rollout.generate([p.prompt for p in problems], params)
+            new = self.rollout.generate([p.prompt for p in batch], params)
             t1 = time.perf_counter()
-            verdicts = self.verify(groups, problems)
+            scored = self.verify(new, batch)
             t_gen, t_ver = t_gen + t1 - t0, t_ver + time.perf_counter() - t1
-            n = self.cfg.rollout.n_samples
-            triples = [
-                (p, g, verdicts[i * n : (i + 1) * n])
-                for i, (p, g) in enumerate(zip(problems, groups, strict=True))
-            ]
+            problems, groups, verdicts = problems + batch, groups + new, verdicts + scored
             if not dyn.enabled:
-                kept = triples
                 break
-            rewards = torch.tensor([v.score for v in verdicts])
-            ids = torch.arange(len(groups)).repeat_interleave(n)
-            collapsed = collapse_stats(rewards, ids, tau=self.cfg.algorithm.tau).collapsed.tolist()
-            kept += [x for x, c in zip(triples, collapsed, strict=True) if not c]
-            dropped += [x for x, c in zip(triples, collapsed, strict=True) if c]
-            if len(kept) >= want:
+            ids = torch.arange(len(new)).repeat_interleave(self.cfg.rollout.n_samples)
+            rewards = torch.tensor([v.score for v in scored])
+            collapsed = collapse_stats(rewards, ids, tau=self.cfg.algorithm.tau).collapsed
+            informative += [not c for c in collapsed.tolist()]
+            if sum(informative) >= want:
                 break
-        informative = min(len(kept), want)
-        batch = (kept + dropped)[:want]
+        trained = [True] * len(groups)
         metrics = {"timing_s/generate": t_gen, "timing_s/verify": t_ver}
-        if dyn.enabled:
-            generated = len(kept) + len(dropped)
+        if dyn.enabled:  # informative groups first, in generation order, then collapsed ones
+            order = sorted(range(len(groups)), key=lambda i: not informative[i])
+            chosen = set(order[:want])
+            trained = [i in chosen for i in range(len(groups))]
             metrics |= {
                 "dapo/rounds": float(rnd + 1),
-                "dapo/generated_groups": float(generated),
-                "dapo/informative_groups": float(informative),
-                "dapo/acr_generated": len(dropped) / generated,
+                "dapo/generated_groups": float(len(groups)),
+                "dapo/informative_groups": float(sum(informative)),  # generated, maybe > want
             }
-        return Rollouts(
-            problems=[p for p, _, _ in batch],
-            groups=[g for _, g, _ in batch],
-            verdicts=[v for _, _, vs in batch for v in vs],
-            metrics=metrics,
-        )
+        return Rollouts(problems, groups, verdicts, trained, metrics)
 
     def sync_weights(self, version: int) -> None:
         """Learner rank 0's weights -> object store -> every engine (never via the driver)."""
@@ -223,27 +231,24 @@ class Trainer:
         t0 = time.perf_counter()
         r = self.collect(step)
         t1 = time.perf_counter()
-        rewards = torch.tensor([v.score for v in r.verdicts])
-        metrics = self.learner.step(
-            r.groups,
-            rewards,
-            prompt_keys=[p.uid for p in r.problems],
-            verifier_reasons=[v.reason for v in r.verdicts],
+        batch, metrics = self.stage.process(
+            r.groups, r.verdicts, prompt_keys=[p.uid for p in r.problems], trained=r.trained
         )
         t2 = time.perf_counter()
-        self.sync_weights(step)
+        metrics |= self.learner.train_on(batch)
         t3 = time.perf_counter()
-        lengths = [len(s.response_ids) for g in r.groups for s in g.samples]
+        self.sync_weights(step)
+        t4 = time.perf_counter()
+        tokens = sum(len(s.response_ids) for g in r.groups for s in g.samples)
         metrics |= r.metrics | {
-            "reward/mean": float(rewards.mean()),
-            "response_length/mean": sum(lengths) / len(lengths),
-            "timing_s/learner": t2 - t1,
-            "timing_s/weight_sync": t3 - t2,  # export from the ranks + load into the engines
-            "perf/generated_tokens_per_s": sum(lengths) / max(r.metrics["timing_s/generate"], 1e-9),
+            "timing_s/advantage": t2 - t1,
+            "timing_s/learner": t3 - t2,
+            "timing_s/weight_sync": t4 - t3,  # export from the ranks + load into the engines
+            "perf/generated_tokens_per_s": tokens / max(r.metrics["timing_s/generate"], 1e-9),
         }
-        metrics["timing_s/step"] = t3 - t0
-        stages = ("generate", "verify", "learner", "weight_sync")
-        metrics["timing_s/other"] = t3 - t0 - sum(metrics[f"timing_s/{k}"] for k in stages)
+        metrics["timing_s/step"] = t4 - t0
+        stages = ("generate", "verify", "advantage", "learner", "weight_sync")
+        metrics["timing_s/other"] = t4 - t0 - sum(metrics[f"timing_s/{k}"] for k in stages)
         return metrics
 
     # ---- the run ------------------------------------------------------------------------------
@@ -255,14 +260,14 @@ class Trainer:
         metrics: dict[str, float] = {}
         try:
             if start == 0:
-                metrics = self.evaluate()
+                metrics = self.evaluate(0)
                 self.accuracy_start = metrics["eval/accuracy"]
                 sink.log(0, metrics)
             for step in range(start + 1, t.total_steps + 1):
                 metrics = self.train_step(step)
                 last = step == t.total_steps
                 if (t.eval_every and step % t.eval_every == 0) or last:
-                    metrics |= self.evaluate()
+                    metrics |= self.evaluate(step)
                 sink.log(step, metrics)  # before the checkpoint: a resume never loses a row
                 if (t.save_every and step % t.save_every == 0) or last:
                     self.save(step)
@@ -295,8 +300,11 @@ class Trainer:
         return MultiSink(sinks)
 
     def save(self, step: int) -> str:
-        extra = {"sampler": self.sampler.state_dict(), "accuracy_start": self.accuracy_start}
-        return self.learner.save_checkpoint(str(self.ckpt_root), step, extra=extra)
+        state = {
+            "advantage_stage": self.stage.state_dict(),
+            "extra": {"sampler": self.sampler.state_dict(), "accuracy_start": self.accuracy_start},
+        }
+        return self.learner.save_checkpoint(str(self.ckpt_root), step, state)
 
     def restore(self) -> int:
         """Load ``self.resume_from`` (if any) into the learner, the engines and the sampler;
@@ -305,6 +313,7 @@ class Trainer:
             return 0
         state = self.learner.load_checkpoint(str(self.resume_from))
         step = int(state["step"])
+        self.stage.load_state_dict(state["advantage_stage"])
         self.sampler.load_state_dict(state["extra"]["sampler"])
         self.accuracy_start = state["extra"]["accuracy_start"]
         self.sync_weights(step)
@@ -314,8 +323,8 @@ class Trainer:
 
     def write_outputs(self) -> None:
         history = {
-            "summary": self.learner.monitor.prompt_summary(),
-            "prompts": self.learner.monitor.prompt_history,
+            "summary": self.stage.monitor.prompt_summary(),
+            "prompts": self.stage.monitor.prompt_history,
         }
         (self.run_dir / "prompt_history.json").write_text(json.dumps(history))
         if self.cfg.logger.report:

@@ -10,17 +10,27 @@ from reward.verifiers import Verdict
 
 
 def verify(
-    responses: list[str], references: list[str], *, verifier: str = "math", timeout_s: float = 2.0
+    responses: list[str],
+    references: list[str],
+    *,
+    verifier: str = "math",
+    timeout_s: float = 2.0,
+    lowest: float = 0.0,
 ) -> list[Verdict]:
     """Score each response against its reference in killable worker processes (DESIGN.md 9).
 
-    Every item gets a wall-clock timeout; a timeout, crash or parse failure gives score 0 with
-    a reason ("timeout", "error", "no_answer", "wrong"); it never raises for bad model text and
-    works from any thread. Uses the process-wide :func:`reward.pool.default_pool`.
+    Every item gets a wall-clock timeout. A timeout, a crashed worker, an exception inside the
+    verifier or a non-finite score gives ``Verdict(lowest, "timeout" | "error")``: ``lowest`` is
+    the task's lowest reward (``task.reward_range[0]``; default 0.0). A wrong or unparseable
+    answer gets the verifier's own score with reason "wrong" or "no_answer". It never raises for
+    bad model text and works from any thread. Uses the process-wide
+    :func:`reward.pool.default_pool`.
     """
     from reward.pool import default_pool
 
-    return default_pool().verify(responses, references, verifier=verifier, timeout_s=timeout_s)
+    return default_pool().verify(
+        responses, references, verifier=verifier, timeout_s=timeout_s, lowest=lowest
+    )
 
 
 __all__ = ["Verdict", "verify"]

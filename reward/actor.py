@@ -17,8 +17,14 @@ class VerifierActor:
         references: list[str],
         verifier: str,
         timeout_s: float | None = None,
+        *,
+        lowest: float = 0.0,
     ) -> list[Verdict]:
-        return self.pool.verify(responses, references, verifier=verifier, timeout_s=timeout_s)
+        """Verdicts in order; a timeout, crash or error scores ``lowest`` (the task's lowest
+        reward)."""
+        return self.pool.verify(
+            responses, references, verifier=verifier, timeout_s=timeout_s, lowest=lowest
+        )
 
     def replaced(self) -> int:
         return self.pool.replaced

@@ -3,10 +3,11 @@
 Model output is untrusted, and verifying it (sympy under math-verify) can hang or eat memory.
 So each item runs in a worker *process* (``python -m reward.verifier_worker``); the parent sends
 one item at a time to each worker over a pipe and waits with a deadline. A worker that overruns
-is killed (SIGKILL) and replaced, and its item gets ``Verdict(0, "timeout")``; a worker that
-dies (segfault, out of memory) gives ``Verdict(0, "error")`` and is replaced; an exception inside
-a verifier gives ``"error"``. The pool never raises for bad model text, and works from any thread
-(it uses no signals).
+is killed (SIGKILL) and replaced, and its item gets ``Verdict(lowest, "timeout")``; a worker
+that dies (segfault, out of memory) gives ``Verdict(lowest, "error")`` and is replaced; an
+exception inside a verifier, or a non-finite score, gives ``Verdict(lowest, "error")``.
+``lowest`` is the task's lowest reward (``verify(..., lowest=task.reward_range[0])``, default 0).
+The pool never raises for bad model text, and works from any thread (it uses no signals).
 
 Workers are plain subprocesses, not ``multiprocessing`` children: those re-run the parent's
 ``__main__`` (a Ray worker's, or stdin's) and inherit its threads. Messages are JSON.
@@ -18,6 +19,7 @@ import atexit
 import collections
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -58,7 +60,8 @@ class _Worker:
 
 
 class VerifierPool:
-    """``pool.verify(responses, references, verifier=..., timeout_s=...) -> list[Verdict]``."""
+    """``pool.verify(responses, references, verifier=..., timeout_s=..., lowest=0.0)
+    -> list[Verdict]``."""
 
     def __init__(self, cfg: PoolConfig | None = None):
         self.cfg = cfg or PoolConfig()
@@ -130,26 +133,34 @@ class VerifierPool:
         *,
         verifier: str = "math",
         timeout_s: float | None = None,
+        lowest: float = 0.0,
     ) -> list[Verdict]:
+        """One verdict per response, in order; a timeout, a crashed worker, an exception in the
+        verifier or a non-finite score gives ``Verdict(lowest, "timeout" | "error")``."""
         if len(responses) != len(references):
             raise ValueError(f"{len(responses)} responses but {len(references)} references")
         if verifier not in VERIFIERS:
             load_verifier_modules()
         if verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {verifier!r}; expected one of {sorted(VERIFIERS)}")
+        lowest = float(lowest)
+        if not math.isfinite(lowest):
+            raise ValueError(f"lowest must be a finite reward, got {lowest}")
         limit = self.cfg.timeout_s if timeout_s is None else timeout_s
         with self._lock:
             if not self._workers:
                 raise RuntimeError("the verifier pool is closed")
-            return self._run(list(responses), list(references), verifier, limit)
+            return self._run(list(responses), list(references), verifier, limit, lowest)
 
-    def _run(self, responses, references, verifier: str, limit: float) -> list[Verdict]:
+    def _run(
+        self, responses, references, verifier: str, limit: float, lowest: float
+    ) -> list[Verdict]:
         results: list[Verdict | None] = [None] * len(responses)
         pending = collections.deque(range(len(responses)))
         self.last_errors = []
         while pending or any(w.item is not None for w in self._workers):
             self._dispatch(pending, responses, references, verifier, limit)
-            self._collect(results, pending)
+            self._collect(results, lowest)
         return results  # type: ignore[return-value]
 
     def _dispatch(self, pending, responses, references, verifier: str, limit: float) -> None:
@@ -166,7 +177,7 @@ class VerifierPool:
                 continue
             w.item, w.deadline = idx, time.monotonic() + limit
 
-    def _collect(self, results: list, pending: collections.deque) -> None:
+    def _collect(self, results: list, lowest: float) -> None:
         """Wait for the next result, readiness, crash or deadline; handle what happened."""
         waiting = [w for w in self._workers if w.item is not None or not w.ready]
         if not waiting:
@@ -183,7 +194,7 @@ class VerifierPool:
                     msg = json.loads(w.inbox.recv_bytes())
                 except (EOFError, OSError, ValueError):  # crashed: segfault, OOM kill, ...
                     if w.item is not None:
-                        results[w.item] = Verdict(0.0, "error")
+                        results[w.item] = Verdict(lowest, "error")
                         self.last_errors.append("worker process died")
                     self._replace(w)
                     continue
@@ -191,12 +202,17 @@ class VerifierPool:
                     w.ready, self._start_failures = True, 0
                     continue
                 idx, score, reason, error = msg
+                if not error and not math.isfinite(score):
+                    error = f"non-finite score {score} from verifier (reason {reason!r})"
                 if error:
                     self.last_errors.append(error)
+                    reason = "error"
+                if reason in ("error", "timeout"):  # any failure scores the task's lowest
+                    score = lowest
                 results[idx] = Verdict(score, reason)
                 w.item = None
             elif w.item is not None and now >= w.deadline:
-                results[w.item] = Verdict(0.0, "timeout")
+                results[w.item] = Verdict(lowest, "timeout")
                 self._replace(w)
             elif not w.ready and now >= w.started + self.cfg.start_timeout_s:
                 raise RuntimeError(

@@ -24,9 +24,9 @@ class RolloutConfig:
     gpu_memory_utilization: float = field(default=0.5, metadata={"gt": 0.0, "le": 1.0})
     device: str = "cpu"
     """hf engine only: torch device."""
-    weight_sync: str = field(
-        default="object_store", metadata={"choices": ("object_store", "collective")}
-    )
+    weight_sync: str = field(default="object_store", metadata={"choices": ("object_store",)})
+    """How new weights reach the engines: learner rank 0 -> Ray object store -> every engine.
+    (A collective NCCL/gloo broadcast is planned; until it exists it is not a choice.)"""
     timeout_s: float = field(default=600.0, metadata={"gt": 0.0})
     """Limit of one remote call (generation of a step's batch, a weight load)."""
     start_timeout_s: float = field(default=900.0, metadata={"gt": 0.0})

@@ -11,7 +11,7 @@ import pytest
 
 from diagnostics.sinks import ConsoleSink, TensorBoardSink, wandb_mode
 from launch.config import TrainConfig
-from launch.evaluate import evaluate, pass_at_k
+from launch.heldout import evaluate, pass_at_k
 from launch.loop import PromptSampler, Trainer, truncate_metrics
 from reward.tasks import Problem
 from reward.verifiers import Verdict
@@ -92,11 +92,13 @@ def test_dynamic_sampling_keeps_informative_groups_and_counts_rounds():
         k for k in range(1, 5) if sum(u in {"u1", "u4", "u6"} for u in order[: 2 * k]) >= 2
     )
     assert r.metrics["dapo/rounds"] == rounds_needed == len(stages.calls)
-    assert r.metrics["dapo/generated_groups"] == 2 * rounds_needed
+    assert r.metrics["dapo/generated_groups"] == 2 * rounds_needed == len(r.groups)
     assert r.metrics["dapo/informative_groups"] == 2
-    assert all(p.uid in {"u1", "u4", "u6"} for p in r.problems) and len(r.groups) == 2
-    assert len(r.verdicts) == 4  # 2 groups x 2 samples, in group order
-    assert [v.score for v in r.verdicts] == [1.0, 0.0, 1.0, 0.0]
+    # every generated group comes back (the monitor sees them all); the informative are trained
+    assert [p.uid for p in r.problems] == order[: 2 * rounds_needed]
+    trained = [p.uid for p, t in zip(r.problems, r.trained, strict=True) if t]
+    assert trained == [u for u in order[: 2 * rounds_needed] if u in {"u1", "u4", "u6"}]
+    assert len(r.verdicts) == 4 * rounds_needed  # 2 samples per group, in group order
     # each round has its own seed, derived from the step
     seeds = [params.seed for _, params in stages.calls]
     assert len(set(seeds)) == len(seeds) and all(params.n == 2 for _, params in stages.calls)
@@ -108,18 +110,22 @@ def test_dynamic_sampling_tops_up_with_dropped_groups_after_max_rounds():
     stages = FakeStages(pattern)
     r = _trainer(_cfg(dynamic=True, max_rounds=2, per_step=3), problems, stages).collect(step=1)
     # 2 rounds x 3 prompts = 6 groups drawn; p3 is the only informative prompt, seen at most
-    # twice; the batch keeps its size (3) with collapsed groups after the informative ones
-    assert r.metrics["dapo/rounds"] == 2 and len(r.groups) == 3
+    # twice; the trained batch keeps its size (3): the informative ones, then collapsed ones
+    # in generation order
+    assert r.metrics["dapo/rounds"] == 2 and len(r.groups) == 6 and sum(r.trained) == 3
     informative = int(r.metrics["dapo/informative_groups"])
-    assert informative >= 1 and [p.uid for p in r.problems[:informative]] == ["u3"] * informative
-    assert r.metrics["dapo/acr_generated"] == pytest.approx((6 - informative) / 6)
+    uids = [p.uid for p in r.problems]
+    assert 1 <= informative == uids.count("u3") <= 2
+    collapsed = [i for i, u in enumerate(uids) if u != "u3"]
+    expected = {i for i, u in enumerate(uids) if u == "u3"} | set(collapsed[: 3 - informative])
+    assert {i for i, t in enumerate(r.trained) if t} == expected
 
 
 def test_without_dynamic_sampling_one_round_keeps_everything():
     problems = _problems(4)
     stages = FakeStages({i: ALL_WRONG for i in range(4)})
     r = _trainer(_cfg(dynamic=False, per_step=4), problems, stages).collect(step=1)
-    assert len(stages.calls) == 1 and len(r.groups) == 4
+    assert len(stages.calls) == 1 and len(r.groups) == 4 and all(r.trained)
     assert not any(k.startswith("dapo/") for k in r.metrics)
 
 

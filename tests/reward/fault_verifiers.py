@@ -28,3 +28,8 @@ def _crash(response: str, reference: str) -> Verdict:
 @register_verifier("_test_raise")
 def _raise(response: str, reference: str) -> Verdict:
     raise RuntimeError("boom")
+
+
+@register_verifier("_test_score")
+def _score(response: str, reference: str) -> Verdict:
+    return Verdict(float(response), "ok")  # "nan", "inf": a verifier with a non-finite score

@@ -8,8 +8,11 @@ import time
 
 import pytest
 
+import reward.pool
 from reward import verify
+from reward.actor import VerifierActor
 from reward.pool import PoolConfig, VerifierPool
+from reward.verifiers import Verdict
 
 MARGIN_S = 1.0  # allowed past an item's timeout: kill + bookkeeping on a loaded 2-core machine
 
@@ -60,6 +63,35 @@ def test_crash_and_exception_are_errors(pool):
     assert pool.verify(["1+1=2"], ["2"], verifier="numeric")[0].reason == "ok"
     assert pool.verify([""], [""], verifier="_test_raise")[0].reason == "error"
     assert pool.last_errors == ["RuntimeError: boom"]
+
+
+def test_failures_score_the_lowest_reward(pool):
+    # DESIGN 6: a timeout, crash or error gives the task's lowest reward, not 0.
+    hang = pool.verify(["30", "0"], ["", ""], verifier="_test_sleep", timeout_s=0.3, lowest=-1.0)
+    assert hang == [Verdict(-1.0, "timeout"), Verdict(1.0, "ok")]
+    assert pool.verify([""], [""], verifier="_test_raise", lowest=-1.0) == [Verdict(-1.0, "error")]
+    assert pool.verify([""], [""], verifier="_test_crash", lowest=-1.0) == [Verdict(-1.0, "error")]
+    # the default lowest is 0.0
+    assert pool.verify([""], [""], verifier="_test_raise") == [Verdict(0.0, "error")]
+
+
+def test_non_finite_score_is_an_error_at_the_lowest_reward(pool):
+    verdicts = pool.verify(
+        ["nan", "inf", "-inf", "0.5"], [""] * 4, verifier="_test_score", lowest=-1.0
+    )
+    assert verdicts == [Verdict(-1.0, "error")] * 3 + [Verdict(0.5, "ok")]
+    assert len(pool.last_errors) == 3 and "non-finite" in pool.last_errors[0]
+
+
+def test_lowest_passes_through_the_entry_points(pool, monkeypatch):
+    monkeypatch.setattr(reward.pool, "default_pool", lambda: pool)
+    assert verify([""], [""], verifier="_test_raise", lowest=-1.0) == [Verdict(-1.0, "error")]
+    actor = VerifierActor.__new__(VerifierActor)  # the fixture's pool, not two more workers
+    actor.pool = pool
+    got = actor.verify(["30"], [""], "_test_sleep", 0.3, lowest=-2.0)
+    assert got == [Verdict(-2.0, "timeout")]
+    with pytest.raises(ValueError, match="lowest"):
+        pool.verify([""], [""], verifier="_test_raise", lowest=float("nan"))
 
 
 def test_unknown_verifier_and_length_mismatch_are_caller_errors(pool):

@@ -104,16 +104,82 @@ def test_wrong_type_names_its_path():
         ("trainer.total_steps=0", "trainer.total_steps: must be >= 1"),
         ("acr.ema_beta=1.0", "acr.ema_beta: must be < 1.0"),
         ("learner.zero_stage=4", "learner.zero_stage: must be <= 3"),
-        # each round's seed is (seed-step) * 16 + round: more rounds would reuse seeds
-        (
-            "algorithm.dynamic_sampling.max_rounds=17",
-            "algorithm.dynamic_sampling.max_rounds: must be <= 16",
-        ),
+        ("rollout.sampling.temperature=0", "rollout.sampling.temperature: training samples"),
+        ("rollout.weight_sync=collective", "rollout.weight_sync: 'collective' is not one of"),
+        ("learner.old_logprobs=engine", "learner.old_logprobs: 'engine' is not one of"),
+        ("learner.tis_cap=0.5", "learner.tis_cap: must be >= 1.0"),
     ],
 )
 def test_bad_values_name_their_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         load(override)
+
+
+def test_overlong_buffer_must_fit_in_the_response_length():
+    # L_max = max_new_tokens = 8: a buffer of 8 would punish every response from length 0
+    with pytest.raises(ConfigError, match="algorithm.overlong.buffer_len: 8 must be below"):
+        load("algorithm.overlong.shaping=true", "algorithm.overlong.buffer_len=8")
+    assert load("algorithm.overlong.shaping=true").algorithm.overlong.buffer_len == 4
+
+
+@pytest.mark.parametrize(
+    "name, differs",
+    [
+        # each preset is a Hydra defaults-list difference from a base; these are all it changes
+        # relative to the schema's defaults (the paper's AVSPO)
+        ("avspo", {}),
+        ("avspo_fast", {"name": "avspo_fast", "trigger.tau_adapt_0": 0.3, "trigger.eta": 0.05}),
+        ("grpo", {"name": "grpo", "estimator": "grpo", "trigger.policy": "never"}),
+        (
+            "dr_grpo",
+            {
+                "name": "dr_grpo",
+                "estimator": "dr_grpo",
+                "trigger.policy": "never",
+                "loss.aggregation": "seq-mean-token-sum-norm",
+            },
+        ),
+        ("rloo", {"name": "rloo", "estimator": "rloo", "trigger.policy": "never"}),
+        (
+            "dapo",
+            {
+                "name": "dapo",
+                "estimator": "grpo",
+                "trigger.policy": "never",
+                "loss.clip_high": 0.28,
+                "dynamic_sampling.enabled": True,
+            },
+        ),
+        (
+            "avspo_release",
+            {
+                "name": "avspo_release",
+                "estimator": "avspo_release",
+                "eps": 1e-4,
+                "trigger.policy": "never",
+            },
+        ),
+    ],
+)
+def test_presets_are_pinned_differences_from_the_schema(name, differs):
+    from dataclasses import asdict
+
+    from learner.config import AlgorithmConfig
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out |= flat(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    got, base = flat(asdict(load(f"algorithm={name}").algorithm)), flat(asdict(AlgorithmConfig()))
+    assert {k: v for k, v in got.items() if v != base[k]} == differs
+    text = (ROOT / "conf" / "algorithm" / f"{name}.yaml").read_text()
+    if name in ("avspo_fast", "dapo", "dr_grpo", "rloo"):  # built on a base preset
+        assert "defaults:" in text
 
 
 def run_train(*overrides: str, run_dir, ray_tmp=None) -> subprocess.CompletedProcess:

@@ -271,3 +271,69 @@ def test_cross_run_lists_runs_without_a_final_accuracy(tmp_path):
     b = write_run(tmp_path / "b", [{"step": 0, "eval/accuracy": 0.3}])
     text = write_cross_run([a, b], tmp_path).read_text()
     assert "Not in the fit: b (no ACR100)" in text and "got 1" in text
+
+
+# --- ACR100 coverage -------------------------------------------------------------------------
+
+
+def acr_rows(steps: int, *, log_steps: bool = True, final: float = 0.4) -> list[dict]:
+    """``steps`` training steps with acr/raw 0.5 and the monitor's acr/acr100 (and, if
+    ``log_steps``, acr/acr100_steps = min(t, 100)); an evaluation at step 0 and at the end."""
+    rows = [{"step": 0, "eval/accuracy": 0.2}]
+    for t in range(1, steps + 1):
+        row = {"step": t, "acr/raw": 0.5, "acr/acr100": 0.5}
+        if log_steps:
+            row["acr/acr100_steps"] = min(t, 100)
+        rows.append(row)
+    rows[-1]["eval/accuracy"] = final
+    return rows
+
+
+@pytest.mark.parametrize("log_steps", [True, False])
+def test_acr100_of_a_short_run_says_how_many_steps_it_covers(tmp_path, log_steps):
+    # 40 steps: ACR100 averages 40 steps (logged acr/acr100_steps, else counted acr/raw steps).
+    run_dir = write_run(tmp_path / "short", acr_rows(40, log_steps=log_steps))
+    s = summarize(load_run(run_dir))
+    assert s["acr100_steps"] == 40 and s["acr100_window"] == 100
+    text = write_report(run_dir).read_text()
+    assert "| ACR100 | 0.500 (over 40 steps, run shorter than 100;" in text
+    assert "At this run's ACR100 = 0.500 (over 40 steps, run shorter than 100)" in text
+
+
+@pytest.mark.parametrize("log_steps", [True, False])
+def test_acr100_of_a_long_run_is_not_flagged(tmp_path, log_steps):
+    # 120 steps: ACR100 covers the full 100 (the logged count stops at 100; counting stops too).
+    run_dir = write_run(tmp_path / "long", acr_rows(120, log_steps=log_steps))
+    s = summarize(load_run(run_dir))
+    assert s["acr100_steps"] == 100
+    text = write_report(run_dir).read_text()
+    assert "| ACR100 | 0.500 (over 100 steps;" in text
+    assert "shorter than" not in text and "40 steps" not in text
+
+
+def test_acr100_coverage_uses_the_last_logged_count(tmp_path):
+    # a resumed run whose monitor counted 7 steps (acr/raw at 3 steps here): the log wins.
+    rows = [{"step": t, "acr/raw": 0.5, "acr/acr100_steps": c} for t, c in [(1, 5), (2, 6), (3, 7)]]
+    assert summarize(load_run(write_run(tmp_path / "run", rows)))["acr100_steps"] == 7
+    no_acr = summarize(load_run(write_run(tmp_path / "none", [{"step": 0, "eval/accuracy": 0.1}])))
+    assert no_acr["acr100"] is None and no_acr["acr100_steps"] is None
+
+
+def test_cross_run_table_shows_acr100_steps_and_flags_short_runs(tmp_path):
+    short = write_run(tmp_path / "short", acr_rows(40, final=0.4))
+    long = write_run(tmp_path / "long", acr_rows(120, final=0.3))
+    text = write_cross_run([short, long], tmp_path / "out").read_text()
+    assert "| ACR100 | ACR100 steps |" in text
+    assert re.search(r"\| short \| n/a \| 0\.500 \| 40 \|", text)
+    assert re.search(r"\| long \| n/a \| 0\.500 \| 100 \|", text)
+    assert "ACR100 covers fewer than 100 steps: short (40 steps)." in text
+    assert "long (" not in text
+
+
+def test_analyze_line_flags_a_short_acr100(tmp_path):
+    from launch.analyze import one_line
+
+    short = summarize(load_run(write_run(tmp_path / "short", acr_rows(40))))
+    long = summarize(load_run(write_run(tmp_path / "long", acr_rows(120))))
+    assert "ACR100 0.500 (over 40 steps, run shorter than 100)," in one_line(short)
+    assert "ACR100 0.500, " in one_line(long)

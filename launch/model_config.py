@@ -1,0 +1,27 @@
+"""The ``model`` config group's schema (``conf/model/*.yaml``); launch/bootstrap.py resolves it
+to a local folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from launch.tiny_model import TinyConfig
+
+
+@dataclass
+class ModelConfig:
+    """The policy model (``conf/model/*.yaml``)."""
+
+    name: str = "tiny"
+    source: str = field(default="tiny", metadata={"choices": ("tiny", "smollm2", "path")})
+    path: str | None = None
+    """source=path: a local Hugging Face folder, or a hub id present in the local hub cache."""
+    cache_dir: str | None = None
+    """Where built models live; null = $AVSPO_CACHE or ~/.cache/avspo/models."""
+    dtype: str = field(default="float32", metadata={"choices": ("float32", "bfloat16", "float16")})
+    tiny: TinyConfig = field(default_factory=TinyConfig)
+
+    def check(self) -> str | None:
+        if self.source == "path" and not self.path:
+            return "source 'path' needs model.path"
+        return None
