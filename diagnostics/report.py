@@ -36,7 +36,7 @@ from diagnostics.plots import PAPER_INTERCEPT, PAPER_R2, PAPER_SLOPE, PLOTS, plo
 from diagnostics.runs import Run, early_warning_step
 
 PAPER_LINE = f"accuracy (%) = 51.4 - 29.6 x ACR100, R^2 = {PAPER_R2} (arXiv 2605.21125)"
-TIMING_PARTS = ("generate", "verify", "learner", "weight_sync")
+TIMING_PARTS = ("generate", "verify", "advantage", "learner", "weight_sync")
 
 
 class RunDataError(ValueError):

@@ -11,8 +11,9 @@ ranks; the loss pieces must sum) and one optimizer step per mini-batch.
 
 Non-finite steps: DeepSpeed's ZeRO 1-3 optimizers detect a non-finite global grad norm and skip
 the update (weights and optimizer state untouched); we read that back per step and count it.
-A non-finite loss (which may have finite gradients) and, under ZeRO stage 0 (no such check),
-a non-finite local gradient are agreed on by a MAX all-reduce, and all ranks skip together.
+A non-finite loss (which may have finite gradients after the log-ratio clamp) is backpropagated
+scaled by NaN so that its gradients are non-finite too. ZeRO stage 0 has no overflow check, so
+there every rank tests its gradients and a MAX all-reduce makes all ranks skip together.
 """
 
 from __future__ import annotations
@@ -211,7 +212,6 @@ class LearnerRank:
                 zip(minibatches, totals, strict=True)
             ):
                 probe = epoch == 0 and i == 0 and self.cfg.old_logprobs == "bypass"
-                finite = True
                 for start in range(0, len(batch), self.cfg.micro_batch_size):
                     rows = list(range(start, min(start + self.cfg.micro_batch_size, len(batch))))
                     mb = batch.select(rows)
@@ -224,12 +224,18 @@ class LearnerRank:
                         total_seqs=total_seqs,
                         reference=self.reference,
                     )
-                    self.engine.backward(out.loss * self.world_size, scale_wrt_gas=False)
-                    finite = finite and math.isfinite(float(out.loss))
+                    # A non-finite loss can have finite gradients (the log-ratio clamp passes
+                    # none back through a NaN): scaling it by NaN makes them NaN, so the
+                    # optimizer's overflow check skips the step on every rank, as for any
+                    # non-finite gradient (same backward calls on every rank: no collective
+                    # is left waiting).
+                    finite = math.isfinite(float(out.loss))
+                    scale = self.world_size if finite else float("nan")
+                    self.engine.backward(out.loss * scale, scale_wrt_gas=False)
                     acc.add_loss(out.metrics, float(mb.response_mask.sum()))
                     if probe:  # before any update: the learner's old log-probs, for free
                         acc.add_mismatch(logp.detach(), mb.old_logprobs, mb.response_mask, None)
-                self._optimizer_step(acc, finite)
+                self._optimizer_step(acc)
         acc.seconds = time.perf_counter() - t0
         acc.lr = self.scheduler.get_last_lr()[0]
         return dataclasses.asdict(acc)
@@ -252,14 +258,11 @@ class LearnerRank:
         acc.add_mismatch(learner_old, batch.old_logprobs, batch.response_mask, self.cfg.tis_cap)
         return dataclasses.replace(batch, old_logprobs=learner_old, is_weights=weights)
 
-    def _optimizer_step(self, acc: RankMetrics, loss_finite: bool) -> None:
-        """Step, or skip on every rank when any rank's loss (or, ZeRO-0, gradient) is not
-        finite. A NaN loss can have finite gradients (the log-ratio clamp passes none back
-        through a NaN), so DeepSpeed's own grad-norm check is not enough."""
+    def _optimizer_step(self, acc: RankMetrics) -> None:
         engine = self.engine
         acc.optimizer_steps += 1
-        if not self._finite_everywhere(loss_finite):
-            engine.zero_grad()  # skip by hand: weights and optimizer state untouched
+        if self.cfg.zero_stage == 0 and not self._grads_finite_everywhere():
+            engine.zero_grad()  # ZeRO-0 has no overflow check of its own: skip by hand
             acc.skipped_steps += 1
             acc.grad_norms.append(float("nan"))
             return
@@ -269,18 +272,15 @@ class LearnerRank:
         norm = engine.get_global_grad_norm()
         acc.grad_norms.append(float("nan") if norm is None else float(norm))
 
-    def _finite_everywhere(self, loss_finite: bool) -> bool:
-        """All ranks agree whether any rank had a non-finite loss or (ZeRO-0, which has no
-        overflow check of its own) holds a non-finite gradient before the allreduce."""
+    def _grads_finite_everywhere(self) -> bool:
+        """All ranks agree whether any rank holds a non-finite gradient (before the allreduce:
+        a non-finite local gradient makes the averaged one non-finite too)."""
         import torch.distributed as dist
 
-        local = loss_finite and (
-            self.cfg.zero_stage != 0
-            or all(
-                bool(torch.isfinite(p.grad).all())
-                for p in self.engine.module.parameters()
-                if p.grad is not None
-            )
+        local = all(
+            bool(torch.isfinite(p.grad).all())
+            for p in self.engine.module.parameters()
+            if p.grad is not None
         )
         flag = torch.tensor([0.0 if local else 1.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

@@ -1,10 +1,10 @@
 """Benchmark: wall time of one training step of the embedded default, split into generation,
-verification, learner update, weight sync and the rest (orchestration: the driver's own work,
+verification, the advantage stage, learner update, weight sync and the rest (orchestration: the driver's own work,
 Ray calls, batch building), per rollout engine.
 
     make bench   # or: .venv/bin/python tests/benchmarks/bench_step.py [--steps 20] [--engines hf]
 
-Runs ``python -m launch.train`` (the default config: 16 prompts x 8 samples, AVSPO, 2 ZeRO-2
+Runs ``python -m launch.train`` (the default config: 64 prompts x 8 samples, AVSPO, 2 ZeRO-2
 ranks) with evaluation, checkpoints and the report off, and reads ``timing_s/*`` from its
 metrics.jsonl. Step 1 (first calls, lazy initialisation) is left out; figures are medians over
 the remaining steps, and shares are of the median step.
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ("generate", "verify", "learner", "weight_sync", "other")
+PARTS = ("generate", "verify", "advantage", "learner", "weight_sync", "other")
 
 
 def run(engine: str, steps: int, extra: list[str]) -> tuple[list[dict], float]:
@@ -61,7 +61,7 @@ def main() -> None:
             t = statistics.median(r[f"timing_s/{p}"] for r in rows)
             cells.append(f"{t:7.3f} ({100 * t / step:4.1f}%)")
         print(f"{engine:<6} {step:7.3f} " + " ".join(f"{c:>18}" for c in cells) + f"  {wall:8.1f}")
-    print("(median of steps 2..N; 'other' = step - the four stages: the driver's orchestration)")
+    print("(median of steps 2..N; 'other' = step - the five stages: the driver's orchestration)")
 
 
 if __name__ == "__main__":

@@ -219,7 +219,12 @@ def test_default_run_raises_held_out_accuracy(tmp_path):
     this test. One binomial std of a 2048-sample mean near 0.4 is ~1.1 points (less for the
     paired difference), so 2 points is a real rise, and ~3 points below what was measured.
     The greedy ``eval/accuracy`` moved +0.4..+2.8 points after 20 steps: too close to its noise
-    to assert; it is checked only not to fall by more than 3 points."""
+    to assert; it is checked only not to fall by more than 6 points (one binomial std of a
+    256-problem accuracy near 0.2 is sqrt(0.2 * 0.8 / 256) = 2.5 points).
+
+    The tiny model builds differently on other CPUs (docs/NOTES.md: on an AVX-512 EPYC it starts
+    at mean@8 0.137, greedy 0.227): there this run measured mean@8 +2.2 points and greedy -4.3
+    at step 20 (-0.4 with the old, shared sampling streams; -5.1 at step 10 of that run)."""
     run_dir = tmp_path / "run"
     run_train(run_dir, "trainer.total_steps=20", "trainer.eval_every=20")
     got = rows(run_dir)
@@ -227,7 +232,7 @@ def test_default_run_raises_held_out_accuracy(tmp_path):
     rise = end["eval/mean@8"] - start["eval/mean@8"]
     print(f"held-out pass@1 (T=1): {start['eval/mean@8']:.3f} -> {end['eval/mean@8']:.3f}")
     assert rise >= 0.02, (start, end)
-    assert end["eval/accuracy"] >= start["eval/accuracy"] - 0.03
+    assert end["eval/accuracy"] >= start["eval/accuracy"] - 0.06
     assert (run_dir / "report.md").exists()
 
 
