@@ -53,6 +53,14 @@ class TrainerConfig:
     """Evaluation also samples this many answers per problem for ``eval/pass@k`` (0 = off)."""
     eval_temperature: float = field(default=1.0, metadata={"gt": 0.0})
     """Temperature of the pass@k samples (pass@1 ``eval/accuracy`` is greedy)."""
+    eval_max_new_tokens: int | None = field(default=None, metadata={"ge": 1})
+    """Response length at evaluation (the paper: 2,048); null = rollout.sampling.max_new_tokens."""
+    eval_tasks: dict[str, TaskConfig] = field(default_factory=dict)
+    """Held-out tasks evaluated instead of the training task's test split, by name: each logs
+    ``eval/<name>/accuracy`` (greedy pass@1), ``eval/<name>/pass@k``, ``eval/<name>/mean@k``,
+    and ``eval/accuracy`` etc. are their averages. Compose presets into it with Hydra, e.g.
+    ``+task@trainer.eval_tasks.math500=math500 trainer.eval_tasks.math500.test_file=...``
+    (conf/experiment/ presets do this)."""
     save_every: int = field(default=20, metadata={"ge": 0})
     """Checkpoint every this many steps (and at the last step); 0 = only at the last step."""
     prompts_per_step: int = field(default=64, metadata={"ge": 1})
@@ -128,6 +136,9 @@ class TrainConfig:
                 "rollout.sampling.temperature: training samples at T > 0 (the learner divides its "
                 f"logits by T), got {sampling.temperature}"
             )
+        problem = _length_problem(self)
+        if problem:
+            return problem
         ov = self.algorithm.overlong
         if ov.shaping and ov.buffer_len >= sampling.max_new_tokens:
             return (
@@ -135,6 +146,38 @@ class TrainConfig:
                 f"length rollout.sampling.max_new_tokens ({sampling.max_new_tokens})"
             )
         return None
+
+
+TINY_LIMITS = {"rollout.max_model_len": 64, "rollout.sampling.max_new_tokens": 8}
+TINY_LR = 1e-4
+
+
+def _length_problem(cfg: TrainConfig) -> str | None:
+    """Lengths that cannot work: a response budget the context cannot hold, or a real model
+    run with the tiny model's limits (8-token answers, 64-token context, lr 1e-4)."""
+    rollout = cfg.rollout
+    if rollout.sampling.max_new_tokens >= rollout.max_model_len:
+        return (
+            f"rollout.sampling.max_new_tokens: {rollout.sampling.max_new_tokens} leaves no room "
+            f"for a prompt in rollout.max_model_len ({rollout.max_model_len})"
+        )
+    if cfg.model.source == "tiny":
+        return None
+    values = {"rollout.max_model_len": rollout.max_model_len}
+    values["rollout.sampling.max_new_tokens"] = rollout.sampling.max_new_tokens
+    small = [k for k, v in values.items() if v <= TINY_LIMITS[k]]
+    if small:
+        shown = ", ".join(f"{k}={values[k]}" for k in small)
+        return (
+            f"{small[0]}: {shown} are the tiny model's limits, too short for model "
+            f"{cfg.model.name!r} (its preset, conf/model/{cfg.model.name}.yaml, sets its own)"
+        )
+    if cfg.learner.lr >= TINY_LR:
+        return (
+            f"learner.lr: {cfg.learner.lr:g} is the tiny model's learning rate; a pretrained "
+            f"model ({cfg.model.name!r}) wants ~1e-6 (its preset sets it)"
+        )
+    return None
 
 
 _BOUNDS = (
@@ -153,6 +196,10 @@ def validate(node: Any, path: str = "") -> None:
         if is_dataclass(value):
             validate(value, key)
             continue
+        if isinstance(value, dict):
+            for name, item in value.items():
+                if is_dataclass(item):
+                    validate(item, f"{key}.{name}")
         if value is None:
             continue
         meta = f.metadata

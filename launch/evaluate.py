@@ -1,6 +1,8 @@
 """``python -m launch.evaluate [overrides]``: held-out evaluation (launch/heldout.py: greedy
 pass@1, pass@k) of a model or a checkpoint (``trainer.resume=<checkpoint folder>``), as JSON on
-stdout. The sampled pass@k uses the seed the training run used at that checkpoint's step."""
+stdout. The sampled pass@k uses the seed the training run used at that checkpoint's step. A
+test-only task (e.g. ``task=math500 task.test_file=...``) needs no train split, and
+``trainer.eval_tasks`` evaluates several tasks at once (launch/loop.py)."""
 
 from __future__ import annotations
 
@@ -28,9 +30,8 @@ def main(raw: DictConfig) -> None:
         metrics = trainer.evaluate(trainer.checkpoint_step())
     finally:
         trainer.shutdown()
-    print(
-        json.dumps({"model": trainer.model_path, "num_problems": len(trainer.task.test), **metrics})
-    )
+    problems = sum(len(task.test) for task, _ in trainer.eval_sets.values())
+    print(json.dumps({"model": trainer.model_path, "num_problems": problems, **metrics}))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ generated, for at most ``max_rounds`` rounds per step; the advantage stage still
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -38,9 +39,11 @@ from launch.bootstrap import ensure_model
 from launch.cluster import init_ray, reserve
 from launch.config import ConfigError, TrainConfig
 from launch.heldout import evaluate
+from launch.prompts import render
 from learner import checkpoint
 from learner.advantage_stage import AdvantageStage
-from reward.tasks import Problem, make_task
+from reward.tasks import Problem, Task, TaskConfig, make_task
+from reward.verifiers import Verdict
 from rollout.actors import get, spawn_actor_group
 from rollout.seeding import derive_seed
 from rollout.types import Group
@@ -93,15 +96,24 @@ class Trainer:
         from rollout.worker import RolloutGroup
 
         self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
-        self.task = make_task(cfg.task)
-        if not self.task.train or not self.task.test:
-            raise ConfigError(f"task: {cfg.task.name} has an empty train or test split")
         self.ckpt_root = self.run_dir / "checkpoints"
         self.resume_from = self._resolve_resume()
         self.model_path = ensure_model(cfg.model, log)
         if self.resume_from is not None and not learner:  # evaluate a checkpoint's weights
             self.model_path = str(self.resume_from / "model")
-        pad_id = AutoTokenizer.from_pretrained(self.model_path).pad_token_id or 0
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        pad_id = tokenizer.pad_token_id or 0
+        self.task = _rendered(make_task(cfg.task), cfg.task, tokenizer)
+        if learner and not self.task.train:
+            raise ConfigError(f"task: {cfg.task.name} has an empty train split")
+        # held-out sets: trainer.eval_tasks by name, else the training task's test split
+        self.eval_sets = {
+            name: (_rendered(make_task(tc), tc, tokenizer), tc)
+            for name, tc in cfg.trainer.eval_tasks.items()
+        } or {None: (self.task, cfg.task)}
+        for name, (task, _) in self.eval_sets.items():
+            if not task.test:
+                raise ConfigError(f"{_eval_key(name)}: {task.name} has an empty test split")
         sampling = cfg.rollout.sampling
         self.stage = AdvantageStage(
             cfg.algorithm,
@@ -158,27 +170,54 @@ class Trainer:
 
     # ---- stages -------------------------------------------------------------------------------
 
-    def verify(self, groups: list[Group], problems: list[Problem]) -> list:
+    def verify(
+        self,
+        groups: list[Group],
+        problems: list[Problem],
+        task: Task | None = None,
+        task_cfg: TaskConfig | None = None,
+    ) -> list:
+        """Verdicts of every sample (sample order; the training task unless given). A timeout
+        or verifier error scores the task's lowest reward; so does a truncated response with
+        ``task.truncated=lowest``."""
+        task, task_cfg = task or self.task, task_cfg or self.cfg.task
         responses = [s.text for g in groups for s in g.samples]
         refs = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g.samples]
-        lowest = self.task.reward_range[0]  # a timeout or error scores the task's lowest reward
-        return get(
-            [self.verifier.verify.remote(responses, refs, self.task.verifier, lowest=lowest)],
+        lowest = task.reward_range[0]
+        verdicts = get(
+            [self.verifier.verify.remote(responses, refs, task.verifier, lowest=lowest)],
             timeout_s=self.cfg.rollout.timeout_s,
             what="verification",
         )[0]
+        return score_truncated(groups, verdicts, task_cfg.truncated, lowest)
 
     def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out evaluation of every eval set; with ``trainer.eval_tasks``, per-task metrics
+        ``eval/<task>/...`` and their averages as ``eval/...``."""
         t = self.cfg.trainer
-        return evaluate(
-            self.rollout.generate,
-            self.verify,
-            self.task.test,
-            self.cfg.rollout.sampling,
-            k=t.eval_pass_k,
-            temperature=t.eval_temperature,
-            seed=derive_seed(t.seed, "eval", step),
-        )
+        sampling = self.cfg.rollout.sampling
+        if t.eval_max_new_tokens:
+            sampling = dataclasses.replace(sampling, max_new_tokens=t.eval_max_new_tokens)
+        per_set = {
+            name: evaluate(
+                self.rollout.generate,
+                functools.partial(self.verify, task=task, task_cfg=task_cfg),
+                task.test,
+                sampling,
+                k=t.eval_pass_k,
+                temperature=t.eval_temperature,
+                seed=derive_seed(t.seed, "eval", step),
+            )
+            for name, (task, task_cfg) in self.eval_sets.items()
+        }
+        if list(per_set) == [None]:
+            return per_set[None]
+        out = {
+            k.replace("eval/", f"eval/{n}/"): v for n, m in per_set.items() for k, v in m.items()
+        }
+        for key in per_set[next(iter(per_set))]:  # the same keys for every set
+            out[key] = sum(m[key] for m in per_set.values()) / len(per_set)
+        return out
 
     def collect(self, step: int) -> Rollouts:
         """Generate and verify one step's groups. With dynamic sampling, groups whose rewards
@@ -339,6 +378,39 @@ class Trainer:
         if self.learner is not None:
             self.learner.shutdown()
         ray.kill(self.verifier)
+
+
+def score_truncated(groups: list[Group], verdicts: list, policy: str, lowest: float) -> list:
+    """``task.truncated``: ``as_is`` keeps the verdicts; ``lowest`` gives every response that
+    hit the length limit (finish reason "length") the task's lowest reward, reason "truncated".
+
+    >>> from rollout.types import Sample
+    >>> done, cut = (Sample([5], [0.0], "4", reason, 0) for reason in ("stop", "length"))
+    >>> g = Group("p", [1], [done, cut])
+    >>> [(v.score, v.reason) for v in score_truncated([g], [Verdict(1.0, "ok")] * 2, "lowest", 0.0)]
+    [(1.0, 'ok'), (0.0, 'truncated')]
+    """
+    if policy == "as_is":
+        return verdicts
+    samples = [s for g in groups for s in g.samples]
+    return [
+        Verdict(lowest, "truncated") if s.finish_reason == "length" else v
+        for s, v in zip(samples, verdicts, strict=True)
+    ]
+
+
+def _rendered(task: Task, cfg: TaskConfig, tokenizer) -> Task:
+    """The task with its prompts rendered for the model (launch/prompts.py)."""
+    opts = dict(chat_template=cfg.chat_template, system_prompt=cfg.system_prompt)
+    return dataclasses.replace(
+        task,
+        train=render(task.train, tokenizer, **opts),
+        test=render(task.test, tokenizer, **opts),
+    )
+
+
+def _eval_key(name: str | None) -> str:
+    return f"trainer.eval_tasks.{name}" if name else "task"
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -19,6 +19,11 @@ def verify(
 ) -> list[Verdict]:
     """Score each response against its reference in killable worker processes (DESIGN.md 9).
 
+    ``verifier`` names a verifier of :data:`reward.verifiers.VERIFIERS`: ``numeric``, ``math``,
+    ``reasoning_gym``, ``choice`` (an option letter A-J), or the boxed-only variant of one,
+    ``<name>_boxed`` (only a complete final ``\\boxed{...}`` is an answer). A task's own is
+    ``make_task(cfg).verifier`` (``task.verifier`` with ``task.answer_extraction`` applied).
+
     Every item gets a wall-clock timeout. A timeout, a crashed worker, an exception inside the
     verifier or a non-finite score gives ``Verdict(lowest, "timeout" | "error")``: ``lowest`` is
     the task's lowest reward (``task.reward_range[0]``; default 0.0). A wrong or unparseable

@@ -12,6 +12,14 @@ Extraction order in :func:`extract_answer` (the first that matches wins):
 3. the last ``Answer: ...`` / ``answer is ...`` (up to the end of its line);
 4. the last number in the text.
 
+``answer_extraction: boxed`` (a task key) uses :func:`extract_boxed` alone: a response without a
+complete ``\boxed{...}`` has no answer, so a truncated derivation is never credited by its last
+number (:func:`extractor`).
+
+Multiple choice (:func:`extract_choice`) has its own patterns: "The answer is (C)", "answer is
+C", "Answer: C", ``\boxed{C}``; the last occurrence wins and a bare letter in prose never
+counts.
+
 >>> extract_answer(r"so \boxed{\frac{1}{2}} and not \boxed{3")
 '\\frac{1}{2}'
 >>> extract_answer("Natalia sold 48 + 24 = 72 clips.\n#### 72")
@@ -20,6 +28,10 @@ Extraction order in :func:`extract_answer` (the first that matches wins):
 '-3.5 apples'
 >>> extract_answer("12+7=19"), extract_answer("no digits here")
 ('19', None)
+>>> extractor("boxed")("so the answer is 12"), extractor("boxed")(r"\boxed{12}")
+(None, '12')
+>>> extract_choice("The answer is (C). On reflection, the answer is (D).")
+'D'
 >>> parse_number("1,234"), parse_number("-3/4"), parse_number("0.50"), parse_number("1e9999")
 (Fraction(1234, 1), Fraction(-3, 4), Fraction(1, 2), None)
 """
@@ -27,6 +39,7 @@ Extraction order in :func:`extract_answer` (the first that matches wins):
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from fractions import Fraction
 
 _BOX_OPENERS = ("\\boxed", "\\fbox")
@@ -101,6 +114,66 @@ def extract_answer(text: str) -> str | None:
         if found:
             return found
     return None
+
+
+ANSWER_EXTRACTIONS = ("auto", "boxed")
+"""auto: :func:`extract_answer` (boxed, ``####``, ``Answer:``, last number); boxed: only a
+complete final ``\boxed{...}`` (:func:`extract_boxed`)."""
+
+
+def extractor(mode: str) -> Callable[[str], str | None]:
+    """The answer extractor of an ``answer_extraction`` mode (:data:`ANSWER_EXTRACTIONS`)."""
+    if mode == "auto":
+        return extract_answer
+    if mode == "boxed":
+        return extract_boxed
+    raise ValueError(f"answer_extraction {mode!r} is not one of {list(ANSWER_EXTRACTIONS)}")
+
+
+CHOICE_LETTERS = "ABCDEFGHIJ"  # MMLU-Pro: up to 10 options
+# The content of a box that names an option: C, (C), \text{C}, \textbf{(c)}.
+_BOX_LETTER = (
+    r"(?:\\text(?:bf)?[ \t]{0,3}\{[ \t]{0,3})?"  # \text{ or \textbf{
+    r"\(?[ \t]{0,3}([A-Ja-j])[ \t]{0,3}\)?[ \t]{0,3}\}?"
+)
+_BOX_LETTER_FULL = re.compile(_BOX_LETTER)
+# A bare letter: A and I are also English words, so they count only when no lowercase word
+# follows ("Answer: I think ..." is not an answer); no letter counts inside a word ("Apple").
+_BARE_LETTER = r"(?:[AI](?![ \t]+[a-z])|[B-HJ])(?![\w'])"
+_CHOICE = re.compile(
+    r"\\(?:boxed|fbox)[ \t]{0,3}\{[ \t]{0,3}" + _BOX_LETTER + r"[ \t]{0,3}\}"
+    r"|(?i:\banswer)(?:[ \t]{1,3}(?i:is))?(?:[ \t*$:=]{1,10}|(?=\())"
+    r"(?:(?i:option|choice)[ \t]{1,3})?"
+    r"(?:\([ \t]{0,3}([A-Ja-j])[ \t]{0,3}\)|(" + _BARE_LETTER + r"))"
+)
+
+
+def extract_choice(text: str, *, boxed_only: bool = False) -> str | None:
+    r"""The option letter (A-J, upper case) a response chose, or None.
+
+    Recognised, case-insensitive in the words: "The answer is (C)", "the answer is C.",
+    "Answer: C", "**Answer:** (c)", "answer is option C", ``\boxed{C}``, ``\boxed{(C)}``,
+    ``\boxed{\text{C}}``; the last occurrence in the text wins. A bare letter counts only in
+    upper case and not inside a word; "(C)" alone, with no "answer" before it, is never an
+    answer. One regular-expression pass with bounded repetitions: linear in the text.
+    ``boxed_only``: only the content of the last complete ``\boxed{...}`` (as
+    :func:`extract_boxed`) counts, and it must be just a letter.
+
+    >>> extract_choice("Answer: I think it is B"), extract_choice(r"so $\boxed{(b)}$")
+    (None, 'B')
+    >>> extract_choice("the answer is C. Wait.", boxed_only=True) is None
+    True
+    """
+    if boxed_only:
+        boxed = extract_boxed(text)
+        m = _BOX_LETTER_FULL.fullmatch(boxed) if boxed is not None else None
+        return None if m is None else m.group(1).upper()
+    last = None
+    for m in _CHOICE.finditer(text):
+        last = m
+    if last is None:
+        return None
+    return next(g for g in last.groups() if g).upper()
 
 
 def parse_number(text: str) -> Fraction | None:

@@ -1,9 +1,13 @@
 """Tasks: prompts with reference answers, the verifier that scores them, and the reward range.
 
 ``make_task(cfg)`` builds one by name: ``arithmetic`` (generated, the embedded default),
-``gsm8k`` / ``math`` / ``math500`` (local jsonl or parquet files; nothing is downloaded) and
-``reasoning_gym`` (procedural tasks with their own scorers). A bad data row is an error naming
-the file, row and reason, or is skipped and counted (``on_bad_row: skip``).
+``gsm8k`` / ``math`` (local jsonl or parquet files; nothing is downloaded), the test-only
+evaluation sets ``math500`` / ``minerva_math`` / ``olympiadbench`` / ``amc23`` / ``aime24`` /
+``mmlu_pro`` (local files in their published layouts, see ``conf/task/<name>.yaml``; only
+``task.test_file`` is needed) and ``reasoning_gym`` (procedural tasks with their own scorers). A
+bad data row is an error naming the file, row and reason, or is skipped and counted
+(``on_bad_row: skip``). A file task's train split is read from ``task.train_file`` when it is
+set, and is empty otherwise (a training run on an empty train split stops with an error).
 
 >>> task = make_task(TaskConfig(difficulty=1, num_train=5, num_test=3))  # default level: 3
 >>> task.name, task.verifier, task.reward_range, len(task.train), len(task.test)
@@ -15,16 +19,22 @@ the file, row and reason, or is skipped and counted (``on_bad_row: skip``).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from reward.arithmetic import LEVELS, sample_problems
-from reward.extract import extract_boxed
+from reward.extract import ANSWER_EXTRACTIONS, CHOICE_LETTERS, extract_boxed
+from reward.verifiers import VERIFIERS, verifier_name
 
-TASK_NAMES = ("arithmetic", "gsm8k", "math", "math500", "reasoning_gym")
-ANSWER_FORMATS = ("plain", "gsm8k", "boxed")
+TEST_ONLY_TASKS = ("math500", "minerva_math", "olympiadbench", "amc23", "aime24", "mmlu_pro")
+"""Evaluation sets: only ``task.test_file`` is needed; the train split is empty."""
+FILE_TASKS = ("gsm8k", "math", *TEST_ONLY_TASKS)
+TASK_NAMES = ("arithmetic", *FILE_TASKS, "reasoning_gym")
+ANSWER_FORMATS = ("plain", "gsm8k", "boxed", "list_first", "letter")
+VERIFIER_NAMES = ("numeric", "math", "reasoning_gym", "choice")
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,7 @@ class Problem:
 @dataclass
 class Task:
     name: str
-    verifier: str
+    verifier: str  # the registered name to score with (TaskConfig.answer_extraction applied)
     reward_range: tuple[float, float]
     train: list[Problem]
     test: list[Problem]
@@ -54,13 +64,30 @@ class TaskConfig:
     """The task group (``conf/task/*.yaml``)."""
 
     name: str = field(default="arithmetic", metadata={"choices": TASK_NAMES})
-    verifier: str = field(
-        default="numeric", metadata={"choices": ("numeric", "math", "reasoning_gym")}
-    )
+    verifier: str = field(default="numeric", metadata={"choices": VERIFIER_NAMES})
+    """numeric (exact numbers), math (numbers, then math-verify on LaTeX), reasoning_gym (the
+    dataset's own scorer), choice (an option letter A-J, multiple choice); reward/verifiers.py."""
+    answer_extraction: str = field(default="auto", metadata={"choices": ANSWER_EXTRACTIONS})
+    """How the verifier finds the answer in a response. auto: the last complete ``\\boxed{}``,
+    else the last ``#### ...``, else the last ``Answer: ...`` / ``answer is ...``, else the last
+    number (choice: "The answer is (X)", "Answer: X" or ``\\boxed{X}``, the last one). boxed: only
+    a complete final ``\\boxed{...}``, with no fallback, so a truncated, half-written derivation is
+    never credited by its last number. The reference side is the same in both. ``make_task``
+    resolves the pair to the registered verifier name in ``Task.verifier`` (``math`` + boxed ->
+    ``math_boxed``), which is what the pool is given."""
     reward_lo: float = 0.0
     reward_hi: float = 1.0
     prompt_template: str = "{question}="
-    """``{question}`` is replaced by the problem text (no other formatting is applied)."""
+    """``{question}`` is replaced by the problem text (no other formatting is applied); with
+    ``options_key`` the problem text ends with its lettered options."""
+    chat_template: bool = False
+    """Render prompts with the tokenizer's own ``apply_chat_template``: ``system_prompt`` as the
+    system turn, the templated question (``prompt_template`` applied) as the user turn."""
+    system_prompt: str | None = None
+    """The system turn when ``chat_template`` is on (null: none)."""
+    truncated: str = field(default="as_is", metadata={"choices": ("as_is", "lowest")})
+    """A response that hit the length limit is scored as verified (as_is) or given the task's
+    lowest reward (lowest)."""
     seed: int = 0
     num_train: int = field(default=4096, metadata={"ge": 1})
     """Problems to generate (arithmetic, reasoning_gym), or a cap on rows read (files)."""
@@ -70,9 +97,18 @@ class TaskConfig:
     train_file: str | None = None
     test_file: str | None = None
     question_key: str = "question"
+    """The question column (e.g. ``problem`` for MATH files; ``Problem`` in some AIME mirrors)."""
     answer_key: str = "answer"
+    """The answer column (e.g. ``solution``, ``final_answer``; ``Answer`` in some mirrors)."""
     answer_format: str = field(default="plain", metadata={"choices": ANSWER_FORMATS})
-    """plain: the answer column is the answer; gsm8k: after '####'; boxed: in the last \\boxed{}."""
+    """How the answer column holds the reference. plain: it is the answer (a number column such
+    as 27.0 becomes "27"); gsm8k: after '####'; boxed: in the last \\boxed{} of a solution;
+    list_first: the first element of a list of strings, ``$`` delimiters stripped
+    (OlympiadBench's ``final_answer``); letter: an option letter A-J (MMLU-Pro's ``answer``)."""
+    options_key: str | None = None
+    """Multiple choice: the column holding the list of options (at most 10; trailing "N/A"
+    padding dropped). They are listed after the question as "A. ...", "B. ..." lines, and the
+    letter answer must name one of them (``answer_format: letter``)."""
     on_bad_row: str = field(default="error", metadata={"choices": ("error", "skip")})
     gym_dataset: str = "basic_arithmetic"
     gym_config: dict[str, Any] = field(default_factory=dict)
@@ -80,12 +116,20 @@ class TaskConfig:
     def check(self) -> str | None:
         if not self.reward_lo < self.reward_hi:
             return f"reward_lo={self.reward_lo} must be < reward_hi={self.reward_hi}"
-        if self.name in ("gsm8k", "math") and not (self.train_file and self.test_file):
-            return f"task {self.name!r} reads local files: set task.train_file and task.test_file"
-        if self.name == "math500" and not self.test_file:
-            return "task 'math500' reads a local file: set task.test_file"
+        if self.name in TEST_ONLY_TASKS and not self.test_file:
+            return f"task {self.name!r} reads a local file: set task.test_file"
+        if self.name in FILE_TASKS and not self.test_file:
+            return (
+                f"task {self.name!r} reads local files: set task.test_file (and task.train_file "
+                "to train on it)"
+            )
         if "{question}" not in self.prompt_template:
             return "prompt_template must contain {question}"
+        if self.options_key is not None and self.answer_format != "letter":
+            return "options_key lists lettered options: set answer_format to letter"
+        verifier = "reasoning_gym" if self.name == "reasoning_gym" else self.verifier
+        if self.answer_extraction != "auto" and verifier + "_boxed" not in VERIFIERS:
+            return f"answer_extraction={self.answer_extraction}: verifier {verifier!r} has none"
         return None
 
 
@@ -107,7 +151,7 @@ def _arithmetic(cfg: TaskConfig) -> Task:
 
     return Task(
         "arithmetic",
-        cfg.verifier,
+        verifier_name(cfg.verifier, cfg.answer_extraction),
         (cfg.reward_lo, cfg.reward_hi),
         problems("train", cfg.num_train),
         problems("test", cfg.num_test),
@@ -133,9 +177,27 @@ def _rows(path: Path) -> Iterator[tuple[int, Any]]:
                 yield i, DataError(f"{path}: row {i}: not valid JSON ({err.msg})")
 
 
-def _answer_of(raw: Any, fmt: str) -> str:
-    text = str(raw).strip()
-    if fmt == "gsm8k":
+def _text_of(raw: Any) -> str:
+    """A cell as text; a number column's integral floats lose their ".0" (27.0 -> "27")."""
+    if isinstance(raw, float):
+        if not math.isfinite(raw):
+            raise ValueError(f"answer {raw} is not a finite number")
+        return str(int(raw)) if raw.is_integer() else repr(raw)
+    return str(raw).strip()
+
+
+def _answer_of(raw: Any, fmt: str, key: str) -> str:
+    if fmt == "list_first":
+        if not isinstance(raw, list | tuple):
+            raise ValueError(f"{key!r} is not a list of answers (got {type(raw).__name__})")
+        if not raw or raw[0] is None:
+            raise ValueError(f"{key!r} has no first answer")
+        raw = _text_of(raw[0]).strip("$").strip()  # OlympiadBench writes "$\\frac{1}{2}$"
+    text = _text_of(raw)
+    if fmt == "letter":
+        if len(text) != 1 or text not in CHOICE_LETTERS:
+            raise ValueError(f"{key!r} is {text[:20]!r}, not an option letter A-J")
+    elif fmt == "gsm8k":
         _, sep, after = text.rpartition("####")
         if not sep:
             raise ValueError("answer has no '#### <answer>' line")
@@ -148,6 +210,20 @@ def _answer_of(raw: Any, fmt: str) -> str:
     if not text:
         raise ValueError("empty answer")
     return text
+
+
+def _options_of(raw: Any, key: str) -> list[str]:
+    if not isinstance(raw, list | tuple):
+        raise ValueError(f"{key!r} is not a list of options (got {type(raw).__name__})")
+    options = [None if o is None else str(o).strip() for o in raw]
+    while options and options[-1] == "N/A":  # padding to 10 in some copies
+        options.pop()
+    if not 1 <= len(options) <= len(CHOICE_LETTERS):
+        raise ValueError(f"{key!r} has {len(options)} options, expected 1 to 10")
+    for letter, option in zip(CHOICE_LETTERS, options, strict=False):
+        if not option:
+            raise ValueError(f"{key!r}: option {letter} is empty")
+    return options  # type: ignore[return-value]
 
 
 def load_problems(path: str | Path, cfg: TaskConfig, limit: int) -> tuple[list[Problem], int]:
@@ -171,7 +247,18 @@ def load_problems(path: str | Path, cfg: TaskConfig, limit: int) -> tuple[list[P
             if not question:
                 raise DataError(f"{path}: row {i}: empty {cfg.question_key!r}")
             try:
-                answer = _answer_of(row[cfg.answer_key], cfg.answer_format)
+                answer = _answer_of(row[cfg.answer_key], cfg.answer_format, cfg.answer_key)
+                if cfg.options_key is not None:
+                    options = _options_of(row.get(cfg.options_key), cfg.options_key)
+                    if CHOICE_LETTERS.index(answer) >= len(options):
+                        raise ValueError(
+                            f"{cfg.answer_key!r} is {answer!r} but there are only "
+                            f"{len(options)} options"
+                        )
+                    question += "\n" + "\n".join(
+                        f"{letter}. {option}"
+                        for letter, option in zip(CHOICE_LETTERS, options, strict=False)
+                    )
             except ValueError as err:
                 raise DataError(f"{path}: row {i}: {err}") from None
         except DataError:
@@ -197,7 +284,7 @@ def _from_files(cfg: TaskConfig) -> Task:
     test, skipped_test = load_problems(cfg.test_file, cfg, cfg.num_test)
     return Task(
         cfg.name,
-        cfg.verifier,
+        verifier_name(cfg.verifier, cfg.answer_extraction),
         (cfg.reward_lo, cfg.reward_hi),
         train,
         test,
@@ -229,7 +316,11 @@ def _reasoning_gym(cfg: TaskConfig) -> Task:
             )
         )
     return Task(
-        cfg.name, "reasoning_gym", (cfg.reward_lo, cfg.reward_hi), splits["train"], splits["test"]
+        cfg.name,
+        verifier_name("reasoning_gym", cfg.answer_extraction),
+        (cfg.reward_lo, cfg.reward_hi),
+        splits["train"],
+        splits["test"],
     )
 
 
@@ -238,6 +329,11 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "gsm8k": _from_files,
     "math": _from_files,
     "math500": _from_files,
+    "minerva_math": _from_files,
+    "olympiadbench": _from_files,
+    "amc23": _from_files,
+    "aime24": _from_files,
+    "mmlu_pro": _from_files,
     "reasoning_gym": _reasoning_gym,
 }
 

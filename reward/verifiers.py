@@ -9,6 +9,14 @@ processes of ``reward/pool.py``; called directly they have no time limit.
   signal-based timeouts disabled (they fail outside the main thread; the pool enforces time).
 - ``reasoning_gym``: the reference is a JSON entry ``{"dataset": name, "entry": {...}}`` and the
   dataset's own ``score_answer`` scores the extracted answer (partial credit allowed).
+- ``choice`` (multiple choice, MMLU-Pro): the option letter the response chose
+  (:func:`reward.extract.extract_choice`: "The answer is (C)", "Answer: C", ``\boxed{C}``, the
+  last one wins) against the reference letter A-J.
+
+Each has a boxed-only variant, ``<name>_boxed`` (``math_boxed``, ``numeric_boxed``,
+``choice_boxed``, ``reasoning_gym_boxed``): the answer is only the content of a complete final
+``\boxed{...}`` (``task.answer_extraction: boxed``; :func:`verifier_name` gives the name). The
+reference side is the same in both.
 
 Reasons: ``ok`` (score > 0), ``wrong``, ``no_answer`` (nothing extractable), and, from the pool,
 ``timeout`` and ``error``.
@@ -17,17 +25,30 @@ Reasons: ``ok`` (score > 0), ``wrong``, ``no_answer`` (nothing extractable), and
 (Verdict(score=1.0, reason='ok'), 'wrong')
 >>> verify_math(r"It is \boxed{\frac{1}{2}}.", "0.5").reason, verify_math("hmm", "1").reason
 ('ok', 'no_answer')
+>>> boxed_only = VERIFIERS["math_boxed"]
+>>> boxed_only("so it is 12", "12").reason, boxed_only(r"\boxed{12}", "12").reason
+('no_answer', 'ok')
+>>> verify_choice("The answer is (B).", "B").reason, verify_choice("Maybe (B)?", "B").reason
+('ok', 'no_answer')
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from reward.extract import extract_answer, extract_boxed, extract_last_number, parse_number
+from reward.extract import (
+    CHOICE_LETTERS,
+    extract_answer,
+    extract_boxed,
+    extract_choice,
+    extract_last_number,
+    parse_number,
+)
 
 REASONS = ("ok", "wrong", "no_answer", "timeout", "error")
 
@@ -61,8 +82,11 @@ def _number_of(answer: str):
     return value
 
 
-def verify_numeric(response: str, reference: str) -> Verdict:
-    answer = extract_answer(response)
+Extract = Callable[[str], str | None]
+
+
+def verify_numeric(response: str, reference: str, *, extract: Extract = extract_answer) -> Verdict:
+    answer = extract(response)
     if answer is None:
         return NO_ANSWER
     gold = _number_of(reference_answer(reference))
@@ -83,8 +107,8 @@ def _latex_parse(text: str):
     )
 
 
-def verify_math(response: str, reference: str) -> Verdict:
-    answer = extract_answer(response)
+def verify_math(response: str, reference: str, *, extract: Extract = extract_answer) -> Verdict:
+    answer = extract(response)
     if answer is None:
         return NO_ANSWER
     gold_text = reference_answer(reference)
@@ -99,22 +123,61 @@ def verify_math(response: str, reference: str) -> Verdict:
     return OK if verify(gold, pred, timeout_seconds=None) else WRONG
 
 
-def verify_reasoning_gym(response: str, reference: str) -> Verdict:
+def verify_reasoning_gym(
+    response: str, reference: str, *, extract: Extract = extract_answer
+) -> Verdict:
     import reasoning_gym
 
     ref = json.loads(reference)
-    answer = extract_answer(response)
+    answer = extract(response)
     if answer is None:
         return NO_ANSWER
     score = float(reasoning_gym.get_score_answer_fn(ref["dataset"])(answer, ref["entry"]))
     return Verdict(score, "ok") if score > 0 else WRONG
 
 
+def verify_choice(response: str, reference: str, *, boxed_only: bool = False) -> Verdict:
+    """Multiple choice: the chosen letter (:func:`reward.extract.extract_choice`) against the
+    reference letter (A-J; a reference that is not one is a ValueError, so an "error")."""
+    gold = reference.strip().upper()
+    if len(gold) != 1 or gold not in CHOICE_LETTERS:
+        raise ValueError(f"reference {reference[:80]!r} is not an option letter A-J")
+    chosen = extract_choice(response, boxed_only=boxed_only)
+    if chosen is None:
+        return NO_ANSWER
+    return OK if chosen == gold else WRONG
+
+
+BOXED = "_boxed"  # suffix of the boxed-only variants
+
 VERIFIERS: dict[str, Callable[[str, str], Verdict]] = {
     "numeric": verify_numeric,
     "math": verify_math,
     "reasoning_gym": verify_reasoning_gym,
+    "choice": verify_choice,
+    "numeric" + BOXED: functools.partial(verify_numeric, extract=extract_boxed),
+    "math" + BOXED: functools.partial(verify_math, extract=extract_boxed),
+    "reasoning_gym" + BOXED: functools.partial(verify_reasoning_gym, extract=extract_boxed),
+    "choice" + BOXED: functools.partial(verify_choice, boxed_only=True),
 }
+
+
+def verifier_name(verifier: str, answer_extraction: str = "auto") -> str:
+    """The registered name that scores with ``verifier`` under ``answer_extraction`` (auto: the
+    verifier itself; boxed: its ``_boxed`` variant). This is the name to pass to
+    :func:`reward.verify` / the pool; ``make_task`` stores it as ``Task.verifier``.
+
+    >>> verifier_name("math", "boxed"), verifier_name("numeric", "auto")
+    ('math_boxed', 'numeric')
+    """
+    if answer_extraction == "auto":
+        return verifier
+    if answer_extraction == "boxed":
+        name = verifier + BOXED
+        if name not in VERIFIERS:
+            raise ValueError(f"verifier {verifier!r} has no boxed-only variant")
+        return name
+    raise ValueError(f"answer_extraction {answer_extraction!r} is not one of ['auto', 'boxed']")
 
 
 def register_verifier(name: str):

@@ -1,6 +1,6 @@
 """Benchmark: wall time of one training step of the embedded default, split into generation,
-verification, the advantage stage, learner update, weight sync and the rest (orchestration: the driver's own work,
-Ray calls, batch building), per rollout engine.
+verification, the advantage stage, learner update, weight sync and the rest (orchestration:
+the driver's own work, Ray calls, batch building), per rollout engine.
 
     make bench   # or: .venv/bin/python tests/benchmarks/bench_step.py [--steps 20] [--engines hf]
 

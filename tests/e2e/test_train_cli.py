@@ -270,3 +270,36 @@ def test_dapo_dynamic_sampling_with_real_actors(tmp_path, tiny_model_dir):
             assert rounds == max_rounds  # gave up only after the last round
             assert r["acr/trained"] == pytest.approx(1 - informative / per_step)
         assert r["avspo/triggered"] == 0.0  # DAPO uses GRPO advantages
+
+
+@pytest.mark.slow
+def test_evaluate_test_only_and_several_eval_tasks(tmp_path, tiny_model_dir):
+    """launch.evaluate with trainer.eval_tasks: the arithmetic L1 test split (generated) and the
+    same problems from a local file through the test-only `math500` loader (its prompt set to
+    the tiny model's template, chat-templated with the tiny tokenizer's concatenating
+    template): per-task metrics, equal to each other (greedy; same prompts), and their mean."""
+    problems = make_task(TaskConfig(difficulty=1, num_test=32)).test
+    data = tmp_path / "arith.jsonl"
+    data.write_text("".join(json.dumps({"problem": p.question, "answer": p.answer}) + "\n"
+                            for p in problems))  # fmt: skip
+    model = fast_tiny_overrides(tiny_model_dir)
+    overrides = [
+        "+task@trainer.eval_tasks.gen=arithmetic", "trainer.eval_tasks.gen.difficulty=1",
+        "trainer.eval_tasks.gen.num_test=32",
+        "+task@trainer.eval_tasks.file=math500", f"trainer.eval_tasks.file.test_file={data}",
+        "trainer.eval_tasks.file.prompt_template='{question}='",
+        "trainer.eval_tasks.file.verifier=numeric",
+        "trainer.eval_tasks.file.answer_extraction=auto",
+        "trainer.eval_tasks.file.chat_template=true",
+    ]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.evaluate", *model, "rollout=hf", *overrides,
+         "trainer.eval_pass_k=2", f"hydra.run.dir={tmp_path}/eval"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["num_problems"] == 2 * len(problems)
+    assert r["eval/gen/accuracy"] == r["eval/file/accuracy"] == r["eval/accuracy"] > 0
+    assert r["eval/pass@2"] == pytest.approx((r["eval/gen/pass@2"] + r["eval/file/pass@2"]) / 2)

@@ -246,3 +246,68 @@ def test_dataclass_defaults_are_the_embedded_default_presets():
     assert asdict(cfg.model) == asdict(ModelConfig())
     assert asdict(cfg.task) == asdict(TaskConfig())
     assert asdict(cfg.rollout) == asdict(RolloutConfig(max_model_len=64))
+
+
+def test_model_presets_carry_their_lengths_and_lr():
+    tiny = load()
+    assert (tiny.rollout.max_model_len, tiny.rollout.sampling.max_new_tokens) == (64, 8)
+    assert tiny.learner.lr == 1e-4
+    smol = load("model=smollm2-135m")
+    assert smol.rollout.sampling.max_new_tokens > 8 and smol.learner.lr < 1e-4
+    # a model preset wins over the learner preset chosen with it (model comes later)
+    assert load("model=smollm2-135m", "learner=zero3").learner.lr == smol.learner.lr
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["model=smollm2-135m", "rollout.sampling.max_new_tokens=8", "rollout.max_model_len=64"],
+            "rollout.max_model_len: rollout.max_model_len=64, rollout.sampling.max_new_tokens=8 "
+            "are the tiny model's limits",
+        ),
+        (["model=smollm2-135m", "learner.lr=1e-4"], "learner.lr: 0.0001 is the tiny model's"),
+        (["rollout.sampling.max_new_tokens=64"], "rollout.sampling.max_new_tokens: 64 leaves no"),
+    ],
+)
+def test_a_real_model_with_the_tiny_models_limits_is_a_config_error(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load(*overrides)
+
+
+@pytest.mark.parametrize("size", ["1.5b", "7b"])
+def test_paper_experiment_preset_has_the_papers_values(size):
+    """DESIGN.md section 10, value by value; it validates here (a GPU is needed only from the
+    point where the run reserves its GPU placement groups)."""
+    cfg = load(f"experiment=paper_qwen2.5_math_{size}")
+    assert cfg.model.name == f"qwen2.5-math-{size}" and cfg.model.dtype == "bfloat16"
+    assert (cfg.task.name, cfg.task.answer_extraction, cfg.task.chat_template) == (
+        "math",
+        "boxed",
+        True,
+    )
+    assert cfg.task.system_prompt == (
+        "Please reason step by step, and put your final answer within \\boxed{}."
+    )
+    assert (cfg.rollout.n_samples, cfg.rollout.sampling.temperature) == (8, 1.0)
+    assert cfg.rollout.sampling.max_new_tokens == 1024
+    ln = cfg.learner
+    assert (ln.lr, ln.weight_decay, ln.betas, ln.grad_clip, ln.zero_stage) == (
+        1e-6,
+        0.01,
+        [0.9, 0.999],
+        1.0,
+        3,
+    )
+    assert (ln.old_logprobs, ln.tis_cap) == ("recompute", 2.0)
+    a = cfg.algorithm
+    assert (a.name, a.loss.clip_low, a.loss.clip_high, a.loss.kl_coef) == ("avspo", 0.2, 0.2, 0)
+    assert (a.trigger.tau_adapt_0, a.trigger.eta, a.avspo.alpha, a.tau) == (0.5, 0.01, 0.5, 1e-6)
+    t = cfg.trainer
+    assert (t.total_steps, t.eval_max_new_tokens, t.seed) == (500, 2048, 42)
+    assert sorted(t.eval_tasks) == sorted(
+        ["math500", "gsm8k", "minerva_math", "olympiadbench", "amc23", "aime24", "mmlu_pro"]
+    )
+    assert all(tc.test_file for tc in t.eval_tasks.values())
+    assert t.eval_tasks["mmlu_pro"].verifier == "choice"
+    assert cfg.cluster.name == "gpu_node" and cfg.rollout.num_gpus_per_worker == 1

@@ -1,0 +1,45 @@
+"""What the policy sees: a task's problems rendered for the model.
+
+Base models and the tiny default read the task's plain template (``task.prompt_template``).
+With ``task.chat_template`` the templated question becomes the user turn of the tokenizer's own
+chat template (``apply_chat_template``, generation prompt appended), after an optional system
+turn (``task.system_prompt``), as the paper's authors prompt Qwen2.5-Math.
+
+>>> from reward.tasks import Problem
+>>> class Tok:  # a stand-in with the transformers signature
+...     def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+...         return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
+>>> p = Problem(uid="u", question="1+1", prompt="1+1?", answer="2")
+>>> render([p], Tok(), chat_template=True, system_prompt="Be brief.")[0].prompt
+'system:Be brief.|user:1+1?|assistant:'
+>>> render([p], Tok(), chat_template=False, system_prompt=None)[0].prompt
+'1+1?'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from reward.tasks import Problem
+
+
+def render(
+    problems: list[Problem], tokenizer, *, chat_template: bool, system_prompt: str | None
+) -> list[Problem]:
+    """``problems`` with their prompts rendered (unchanged without a chat template)."""
+    if not chat_template:
+        return problems
+    if getattr(tokenizer, "chat_template", "") is None:
+        raise ValueError("task.chat_template: the model's tokenizer has no chat template")
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [
+        dataclasses.replace(
+            p,
+            prompt=tokenizer.apply_chat_template(
+                [*system, {"role": "user", "content": p.prompt}],
+                tokenize=False,
+                add_generation_prompt=True,
+            ),
+        )
+        for p in problems
+    ]
