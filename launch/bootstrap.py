@@ -34,6 +34,25 @@ MANIFEST = "build.json"
 BUILD_VERSION = 1  # bump when a builder changes what it writes
 
 
+def local_model(path: str) -> str:
+    """A local model folder, or a hub id's snapshot already in the local hub cache (nothing is
+    downloaded); else a ConfigError naming ``model.path``."""
+    if Path(path).expanduser().is_dir():
+        return str(Path(path).expanduser())
+    from huggingface_hub import snapshot_download
+
+    from launch.config import ConfigError
+
+    try:
+        return snapshot_download(path, local_files_only=True)
+    except Exception:  # not a valid repo id, or not in the cache
+        raise ConfigError(
+            f"model.path: {path!r} is neither a local folder nor in the local Hugging Face hub "
+            "cache (nothing is downloaded at run time; point the model preset's environment "
+            "variable, e.g. AVSPO_QWEN_MATH_1_5B, at a folder)"
+        ) from None
+
+
 def cache_root(cfg: ModelConfig) -> Path:
     if cfg.cache_dir:
         return Path(cfg.cache_dir).expanduser()
@@ -105,7 +124,7 @@ def ensure_model(cfg: ModelConfig, log=print) -> str:
     if problem:
         raise ValueError(f"model: {problem}")
     if cfg.source == "path":
-        return cfg.path
+        return local_model(cfg.path)
     root = cache_root(cfg)
     if cfg.source == "tiny":
         from launch.tiny_model import build_tiny

@@ -155,3 +155,15 @@ def test_smollm2_converts_offline_and_answers_in_text(tmp_path):
     words = re.findall(r"[A-Za-z]{2,}", text)
     assert len(words) >= 3, text  # real words, not byte soup
     assert "Paris" in text, text
+
+
+def test_a_missing_model_path_is_a_config_error_naming_the_key(tmp_path, monkeypatch):
+    from launch.bootstrap import local_model
+    from launch.config import ConfigError
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty hub cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="model.path: 'Qwen/Qwen2.5-Math-1.5B' is neither"):
+        local_model("Qwen/Qwen2.5-Math-1.5B")
+    (tmp_path / "m").mkdir()
+    assert local_model(str(tmp_path / "m")) == str(tmp_path / "m")
