@@ -106,6 +106,8 @@ class Trainer:
         self.task = _rendered(make_task(cfg.task), cfg.task, tokenizer)
         if learner and not self.task.train:
             raise ConfigError(f"task: {cfg.task.name} has an empty train split")
+        if self.task.train:
+            log(f"prompt example (as the model sees it): {self.task.train[0].prompt!r}")
         # held-out sets: trainer.eval_tasks by name, else the training task's test split
         self.eval_sets = {
             name: (_rendered(make_task(tc), tc, tokenizer), tc)

@@ -295,12 +295,18 @@ def _from_files(cfg: TaskConfig) -> Task:
 def _reasoning_gym(cfg: TaskConfig) -> Task:
     import reasoning_gym
 
+    want = cfg.num_train + cfg.num_test
+    # entries are generated on demand (entry i from seed + i): draw past `want` when duplicate
+    # questions (small configs) would leave the test split short, up to 8x
     data = reasoning_gym.create_dataset(
-        cfg.gym_dataset, size=cfg.num_train + cfg.num_test, seed=cfg.seed, **cfg.gym_config
+        cfg.gym_dataset, size=8 * want, seed=cfg.seed, **cfg.gym_config
     )
     seen: set[str] = set()
     splits: dict[str, list[Problem]] = {"train": [], "test": []}
-    for i, entry in enumerate(data):
+    for i in range(8 * want):
+        if len(splits["test"]) >= cfg.num_test:
+            break
+        entry = data[i]
         question = entry["question"]
         if question in seen:  # a question never lands in both splits
             continue

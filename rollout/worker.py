@@ -39,6 +39,7 @@ def make_engine(cfg: RolloutConfig, model_path: str, dtype: str):
             tensor_parallel_size=cfg.tensor_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             kv_cache_gib=cfg.kv_cache_gib,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
         )
     from rollout.hf_engine import HFEngine
 

