@@ -129,10 +129,11 @@ def test_changed_config_gets_its_own_folder(tmp_path):
     assert a == _key("tiny", {"hidden_size": 128}) and a != _key("tiny", {"hidden_size": 256})
 
 
-def test_path_source_needs_a_path():
+def test_path_source_needs_a_path(tmp_path):
     with pytest.raises(ValueError, match="model.path"):
         ensure_model(ModelConfig(source="path"))
-    assert ensure_model(ModelConfig(source="path", path="/some/dir")) == "/some/dir"
+    # an existing folder is used as is (a missing one: the test below)
+    assert ensure_model(ModelConfig(source="path", path=str(tmp_path))) == str(tmp_path)
 
 
 @pytest.mark.slow
