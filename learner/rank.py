@@ -71,9 +71,16 @@ class RankMetrics:
         if cap is None:
             self.is_weight += float(m.sum())
             return
-        raw = torch.exp(torch.clamp(diff, max=LOG_RATIO_CLAMP))
-        self.is_weight += float(torch.clamp(raw, max=cap).sum())
-        self.is_clipped += float((raw > cap).sum())
+        weights, clipped = truncated_is_weights(diff, cap)
+        self.is_weight += float(weights.sum())
+        self.is_clipped += float(clipped.sum())
+
+
+def truncated_is_weights(log_ratio: torch.Tensor, cap: float):
+    """``(min(exp(log_ratio), cap), exp(log_ratio) > cap)``, the log-ratio clamped at +20
+    first (learner/loss.py)."""
+    raw = torch.exp(torch.clamp(log_ratio, max=LOG_RATIO_CLAMP))
+    return torch.clamp(raw, max=cap), raw > cap
 
 
 def microbatch_loss(
@@ -253,8 +260,8 @@ class LearnerRank:
             learner_old[start:stop, : logp.shape[1]] = logp * mb.response_mask
         weights = None
         if self.cfg.tis_cap is not None:
-            log_w = torch.clamp(learner_old - batch.old_logprobs, max=LOG_RATIO_CLAMP)
-            weights = torch.clamp(torch.exp(log_w), max=self.cfg.tis_cap) * batch.response_mask
+            weights, _ = truncated_is_weights(learner_old - batch.old_logprobs, self.cfg.tis_cap)
+            weights = weights * batch.response_mask
         acc.add_mismatch(learner_old, batch.old_logprobs, batch.response_mask, self.cfg.tis_cap)
         return dataclasses.replace(batch, old_logprobs=learner_old, is_weights=weights)
 
