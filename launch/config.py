@@ -136,7 +136,7 @@ class TrainConfig:
                 "rollout.sampling.temperature: training samples at T > 0 (the learner divides its "
                 f"logits by T), got {sampling.temperature}"
             )
-        problem = _length_problem(self)
+        problem = _length_problem(self) or _weight_sync_problem(self)
         if problem:
             return problem
         ov = self.algorithm.overlong
@@ -176,6 +176,40 @@ def _length_problem(cfg: TrainConfig) -> str | None:
         return (
             f"learner.lr: {cfg.learner.lr:g} is the tiny model's learning rate; a pretrained "
             f"model ({cfg.model.name!r}) wants ~1e-6 (its preset sets it)"
+        )
+    return None
+
+
+def _weight_sync_problem(cfg: TrainConfig) -> str | None:
+    """The collective transport over NCCL needs learner rank 0 and every engine process on a
+    GPU of its own: NCCL refuses two ranks of one group on one device."""
+    from rollout.weight_sync import weight_sync_backend
+
+    rollout, learner = cfg.rollout, cfg.learner
+    if rollout.weight_sync != "collective":
+        return None
+    backend = weight_sync_backend(rollout)
+    if backend != "nccl":
+        return None
+    if rollout.num_gpus_per_worker == 0 or learner.num_gpus_per_rank == 0:
+        return (
+            "rollout.weight_sync_backend: nccl needs GPUs on both sides (rollout."
+            f"num_gpus_per_worker={rollout.num_gpus_per_worker:g}, learner.num_gpus_per_rank="
+            f"{learner.num_gpus_per_rank:g}); use gloo or rollout.weight_sync=object_store"
+        )
+    shared = [
+        f"{k}={v:g}"
+        for k, v in (
+            ("learner.num_gpus_per_rank", learner.num_gpus_per_rank),
+            ("rollout.num_gpus_per_worker", rollout.num_gpus_per_worker),
+        )
+        if v < 1
+    ]
+    if shared:
+        return (
+            f"rollout.weight_sync: collective over NCCL cannot run with {', '.join(shared)}: "
+            "a fractional GPU puts learner and engine on one device, where NCCL refuses two "
+            "ranks; use rollout.weight_sync=object_store (works on a shared GPU)"
         )
     return None
 

@@ -265,8 +265,9 @@ class Trainer:
         return Rollouts(problems, groups, verdicts, trained, metrics)
 
     def sync_weights(self, version: int) -> None:
-        """Learner rank 0's weights -> object store -> every engine (never via the driver)."""
-        self.rollout.push_weights(self.learner.export_weights_ref(), version=version)
+        """Learner rank 0's weights -> every engine (never via the driver), by
+        ``rollout.weight_sync``: the object store or a collective broadcast."""
+        self.rollout.sync_from(self.learner, version)
 
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()

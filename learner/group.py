@@ -156,6 +156,32 @@ class LearnerGroup:
         )
         return checkpoint.read_state(path)
 
+    # ---- collective weight sync: the transport (rollout/weight_sync.py) waits on these refs ---
+
+    def weight_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """``(name, dtype, shape)`` of the tensors a collective sync sends, in order."""
+        return get(
+            [self.ranks[0].weight_specs.remote()], timeout_s=self.cfg.timeout_s, what="weight specs"
+        )[0]
+
+    def sync_address(self) -> tuple[str, int]:
+        """Where the sync group's store will listen: learner rank 0's node, a free port."""
+        return get(
+            [self.ranks[0].address.remote()], timeout_s=self.cfg.timeout_s, what="sync address"
+        )[0]
+
+    def open_weight_group(self, host, port, world_size, backend, timeout_s, bucket_bytes) -> list:
+        """Refs: every rank plans the buckets, rank 0 joins the group (it returns once every
+        engine has joined too, so the caller waits on these together with the engines)."""
+        return [
+            r.open_weight_group.remote(host, port, world_size, backend, timeout_s, bucket_bytes)
+            for r in self.ranks
+        ]
+
+    def broadcast_weights(self, version: int) -> list:
+        """Refs of every rank's part of one broadcast (bytes sent, rank 0's first)."""
+        return [r.broadcast_weights.remote(version) for r in self.ranks]
+
     def shutdown(self) -> None:
         import ray
 

@@ -333,3 +333,64 @@ class LearnerRank:
         )
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {folder}")
+
+    # ---- collective weight sync (rollout/collective.py) -------------------------------------
+
+    def _sync_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """What the engines receive: ``named_parameters()`` (tied weights once; vLLM's loaders
+        skip a tied lm_head anyway), in the module's order."""
+        return list(self.engine.module.named_parameters())
+
+    def weight_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """``(name, dtype, shape)`` of every synced tensor (full shapes under ZeRO-3)."""
+        return [
+            (name, str(p.dtype).removeprefix("torch."), tuple(getattr(p, "ds_shape", p.shape)))
+            for name, p in self._sync_params()
+        ]
+
+    def open_weight_group(
+        self,
+        host: str,
+        port: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        bucket_bytes: int,
+    ) -> int:
+        """Every rank plans the buckets (ZeRO-3 gathers bucket by bucket on all ranks); rank 0
+        also joins the sync group as its rank 0 (hosting its store at ``host:port``)."""
+        from rollout.collective import Sender, TensorSpec, open_group, plan_buckets
+
+        specs = [TensorSpec(n, d, s) for n, d, s in self.weight_specs()]
+        self.sync_buckets = plan_buckets(specs, bucket_bytes)
+        self.sender = None
+        if self.rank == 0:
+            group, store = open_group(
+                host, port, 0, world_size, backend=backend, timeout_s=timeout_s
+            )
+            self.sender = Sender(group, store, specs, bucket_bytes, backend)
+        return self.rank
+
+    @torch.no_grad()
+    def broadcast_weights(self, version: int) -> int:
+        """Send policy ``version`` to the engines, bucket by bucket; returns the bytes sent (0
+        on ranks other than 0). Every rank calls this at the same time (ZeRO-3 gathers)."""
+        import contextlib
+
+        import deepspeed
+
+        params = self._sync_params()
+        sent = 0
+        if self.sender is not None:
+            self.sender.send_header(version)
+        for bucket in self.sync_buckets:
+            tensors = [params[i][1] for i in bucket]
+            gather = (
+                deepspeed.zero.GatheredParameters(tensors, modifier_rank=None)
+                if self.cfg.zero_stage == 3
+                else contextlib.nullcontext()
+            )
+            with gather:
+                if self.sender is not None:
+                    sent += self.sender.send_bucket([t.data for t in tensors])
+        return sent

@@ -27,9 +27,17 @@ class RolloutConfig:
     gpu_memory_utilization: float = field(default=0.5, metadata={"gt": 0.0, "le": 1.0})
     device: str = "cpu"
     """hf engine only: torch device."""
-    weight_sync: str = field(default="object_store", metadata={"choices": ("object_store",)})
-    """How new weights reach the engines: learner rank 0 -> Ray object store -> every engine.
-    (A collective NCCL/gloo broadcast is planned; until it exists it is not a choice.)"""
+    weight_sync: str = field(
+        default="object_store", metadata={"choices": ("object_store", "collective")}
+    )
+    """How new weights reach the engines (rollout/weight_sync.py): ``object_store`` (learner
+    rank 0 -> Ray object store -> every engine; works everywhere, incl. learner and engine on
+    one GPU) or ``collective`` (learner rank 0 broadcasts in buckets over a torch.distributed
+    group the engine workers joined: NCCL on GPUs, gloo on CPUs)."""
+    weight_sync_backend: str = field(default="auto", metadata={"choices": ("auto", "gloo", "nccl")})
+    """collective only: auto = nccl when the engines hold GPUs, gloo otherwise."""
+    weight_sync_bucket_mb: float = field(default=256.0, metadata={"gt": 0.0})
+    """collective only: bytes per broadcast (one dtype per bucket; a larger tensor goes alone)."""
     timeout_s: float = field(default=600.0, metadata={"gt": 0.0})
     """Limit of one remote call (generation of a step's batch, a weight load)."""
     start_timeout_s: float = field(default=900.0, metadata={"gt": 0.0})

@@ -122,6 +122,24 @@ class HFEngine:
             )
         self.policy_version = version
 
+    def open_weight_group(
+        self, host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
+    ) -> list[int]:
+        """Join the collective weight-sync group (rollout/collective.py) as one rank."""
+        from rollout.collective import Receiver, TensorSpec, open_group
+
+        group, store = open_group(
+            host, port, first_rank, world_size, backend=backend, timeout_s=timeout_s
+        )
+        specs = [TensorSpec(n, d, tuple(s)) for n, d, s in specs]
+        self.receiver = Receiver(group, store, specs, bucket_bytes, backend)
+        return [first_rank]
+
+    def receive_weights(self, version: int) -> None:
+        """Receive policy ``version`` from learner rank 0's broadcast and load it."""
+        weights = {name: t.clone() for name, t in self.receiver.receive(version)}
+        self.load_weights(weights, version)
+
 
 def _draw(logp: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
     """One token per row from ``exp(logp) [R, V]``, row r with ``generators[r]`` (inverse CDF)."""

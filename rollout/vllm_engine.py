@@ -25,20 +25,14 @@ import os
 
 import torch
 
+from rollout.collective import reload_in_place
 from rollout.seeding import call_seed, prompt_seed
 from rollout.types import Group, Sample, SamplingConfig
 
 
 def load_into_worker(worker, weights: dict[str, torch.Tensor]) -> int:
     """Runs inside a vLLM worker process: reload the given weights in place."""
-    worker.reload_weights(weights_iterator=iter(weights.items()))
-    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
-    lm_head = getattr(model, "lm_head", None)
-    config = getattr(model, "config", None)
-    if lm_head is not None and getattr(config, "tie_word_embeddings", False):
-        method = getattr(lm_head, "quant_method", None)
-        if method is not None and hasattr(method, "process_weights_after_loading"):
-            method.process_weights_after_loading(lm_head)
+    reload_in_place(worker, weights.items())
     return len(weights)
 
 
@@ -68,6 +62,8 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             seed=0,
             logprobs_mode="processed_logprobs",  # log-probs of softmax(logits / T)
+            # rollout.weight_sync=collective: the receiving end runs in vLLM's worker processes
+            worker_extension_cls="rollout.collective.VLLMWeightSyncExtension",
         )
         if max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
@@ -81,6 +77,7 @@ class VLLMEngine:
             kwargs["enable_chunked_prefill"] = False
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
+        self.tensor_parallel_size = tensor_parallel_size
         self.policy_version = 0
 
     def _params(self, params: SamplingConfig, seed: int):
@@ -138,4 +135,20 @@ class VLLMEngine:
         weights = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
         self.llm.collective_rpc(functools.partial(load_into_worker, weights=weights))
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.policy_version = version
+
+    def open_weight_group(
+        self, host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
+    ) -> list[int]:
+        """Join the collective weight-sync group (rollout/collective.py) in every vLLM worker
+        process; returns their ranks."""
+        return self.llm.collective_rpc(
+            "avspo_open_weight_group",
+            args=(host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes),
+        )
+
+    def receive_weights(self, version: int) -> None:
+        """Receive policy ``version`` from learner rank 0's broadcast and load it in place."""
+        self.llm.collective_rpc("avspo_receive_weights", args=(version,))
+        self.llm.reset_prefix_cache()
         self.policy_version = version

