@@ -105,7 +105,7 @@ def test_wrong_type_names_its_path():
         ("acr.ema_beta=1.0", "acr.ema_beta: must be < 1.0"),
         ("learner.zero_stage=4", "learner.zero_stage: must be <= 3"),
         ("rollout.sampling.temperature=0", "rollout.sampling.temperature: training samples"),
-        ("rollout.weight_sync=collective", "rollout.weight_sync: 'collective' is not one of"),
+        ("rollout.weight_sync=nccl", "rollout.weight_sync: 'nccl' is not one of"),
         ("learner.old_logprobs=engine", "learner.old_logprobs: 'engine' is not one of"),
         ("learner.tis_cap=0.5", "learner.tis_cap: must be >= 1.0"),
     ],
@@ -311,3 +311,41 @@ def test_paper_experiment_preset_has_the_papers_values(size):
     assert all(tc.test_file for tc in t.eval_tasks.values())
     assert t.eval_tasks["mmlu_pro"].verifier == "choice"
     assert cfg.cluster.name == "gpu_node" and cfg.rollout.num_gpus_per_worker == 1
+
+
+@pytest.mark.parametrize("cluster", ["gpu_node", "multi_node"])
+def test_gpu_cluster_presets_use_the_collective_transport_and_validate(cluster):
+    cfg = load(f"cluster={cluster}")
+    assert cfg.rollout.weight_sync == "collective"
+    from rollout.weight_sync import weight_sync_backend
+
+    assert weight_sync_backend(cfg.rollout) == "nccl"  # engines hold GPUs
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # learner and engine on one GPU: NCCL refuses two ranks of a group on one device
+        (
+            ["cluster=gpu_node", "learner.num_gpus_per_rank=0.5"],
+            "rollout.weight_sync: collective over NCCL cannot run with "
+            "learner.num_gpus_per_rank=0.5",
+        ),
+        (
+            ["cluster=gpu_node", "rollout.num_gpus_per_worker=0.25"],
+            "rollout.num_gpus_per_worker=0.25: a fractional GPU",
+        ),
+        (
+            ["rollout.weight_sync=collective", "rollout.weight_sync_backend=nccl"],
+            "rollout.weight_sync_backend: nccl needs GPUs on both sides",
+        ),
+    ],
+)
+def test_a_collective_sync_that_nccl_refuses_is_a_config_error(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load(*overrides)
+
+
+def test_a_collective_sync_over_gloo_validates_on_cpu():
+    cfg = load("rollout.weight_sync=collective")
+    assert cfg.rollout.weight_sync_backend == "auto" and cfg.rollout.num_gpus_per_worker == 0
