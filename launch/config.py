@@ -87,6 +87,10 @@ class ClusterConfig:
     )
     ready_timeout_s: float = field(default=300.0, metadata={"gt": 0.0})
     """Limit for the placement groups' resources to become available."""
+    actor_logs: bool = True
+    """Actors' warnings and errors reach the driver's console (Ray's log_to_driver), with the
+    libraries' own chatter turned down (launch/cluster.py: QUIET); false = actors are silent
+    (their logs stay in Ray's session folder)."""
 
 
 @dataclass

