@@ -143,6 +143,12 @@ class TrainConfig:
         problem = _length_problem(self) or _weight_sync_problem(self)
         if problem:
             return problem
+        budget = self.verifier.step_budget_s
+        if budget is not None and budget >= self.rollout.timeout_s:
+            return (
+                f"verifier.step_budget_s: {budget:g} must be below rollout.timeout_s "
+                f"({self.rollout.timeout_s:g}), the driver's wait for a verification call"
+            )
         ov = self.algorithm.overlong
         if ov.shaping and ov.buffer_len >= sampling.max_new_tokens:
             return (

@@ -21,10 +21,12 @@ import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -45,7 +47,14 @@ class PoolConfig:
     memory_mb: int = field(default=1536, metadata={"ge": 256})
     """Address-space cap of each worker process (RLIMIT_AS)."""
     start_timeout_s: float = field(default=60.0, metadata={"gt": 0.0})
-    """How long a (re)started worker may take to report ready."""
+    """How long a (re)started worker may take to report ready, and to warm up a verifier (its
+    slow imports: reward/verifiers.py WARMUPS) before its first item of that verifier."""
+    cpu_time_s: int | None = field(default=None, metadata={"ge": 1})
+    """CPU seconds one item may use (RLIMIT_CPU, enforced by the kernel: a backstop to the
+    wall-clock limit); null = 2 x timeout_s, rounded up."""
+    step_budget_s: float | None = field(default=300.0, metadata={"gt": 0.0})
+    """Wall-clock budget of one ``verify`` call (a step's responses): when it runs out, the
+    items not yet scored get ``timeout`` (counted) instead of stalling the step; null = none."""
 
 
 @dataclass
@@ -57,6 +66,8 @@ class _Worker:
     started: float = field(default_factory=time.monotonic)
     item: int | None = None  # index being verified
     deadline: float = 0.0
+    warmed: set[str] = field(default_factory=set)  # verifiers whose warm-up ran here
+    warming: str | None = None  # the verifier warming up now
 
 
 class VerifierPool:
@@ -67,6 +78,7 @@ class VerifierPool:
         self.cfg = cfg or PoolConfig()
         self._lock = threading.Lock()
         self.replaced = 0  # workers killed or lost and replaced, over the pool's life
+        self.budget_timeouts = 0  # items scored "timeout" because a call's budget ran out
         self.last_errors: list[str] = []  # exception texts of the last call's "error" items
         self._start_failures = 0
         self._workers = [self._spawn() for _ in range(self.cfg.num_workers)]
@@ -74,9 +86,9 @@ class VerifierPool:
     def _spawn(self) -> _Worker:
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+        env = worker_env(os.environ)
         memory = str(self.cfg.memory_mb * 2**20)
+        cpu = self.cfg.cpu_time_s or math.ceil(2 * self.cfg.timeout_s)
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -85,6 +97,7 @@ class VerifierPool:
                 str(to_worker_r),
                 str(from_worker_w),
                 memory,
+                str(cpu),
             ],
             pass_fds=(to_worker_r, from_worker_w),
             env=env,
@@ -158,14 +171,41 @@ class VerifierPool:
         results: list[Verdict | None] = [None] * len(responses)
         pending = collections.deque(range(len(responses)))
         self.last_errors = []
+        budget = self.cfg.step_budget_s
+        end = time.monotonic() + budget if budget is not None else math.inf
         while pending or any(w.item is not None for w in self._workers):
+            if time.monotonic() >= end:
+                self._out_of_budget(pending, results, lowest)
+                break
             self._dispatch(pending, responses, references, verifier, limit)
-            self._collect(results, lowest)
+            self._collect(results, lowest, end)
         return results  # type: ignore[return-value]
+
+    def _out_of_budget(self, pending, results: list, lowest: float) -> None:
+        """The call's budget ran out: what is not scored yet is a timeout; busy workers are
+        killed and replaced (their items may never finish)."""
+        late = list(pending)
+        pending.clear()
+        for w in list(self._workers):
+            if w.item is not None:
+                late.append(w.item)
+                w.item = None
+                self._replace(w)
+        for idx in late:
+            results[idx] = Verdict(lowest, "timeout")
+        self.budget_timeouts += len(late)
 
     def _dispatch(self, pending, responses, references, verifier: str, limit: float) -> None:
         for w in list(self._workers):
-            if not (w.ready and w.item is None and pending):
+            if not (w.ready and w.item is None and w.warming is None and pending):
+                continue
+            if verifier not in w.warmed:  # its slow imports first, off the item's clock
+                try:
+                    w.outbox.send_bytes(json.dumps({"warm": verifier}).encode())
+                except OSError:
+                    self._replace(w)
+                    continue
+                w.warming, w.deadline = verifier, time.monotonic() + self.cfg.start_timeout_s
                 continue
             idx = pending.popleft()
             item = [idx, verifier, str(responses[idx]), str(references[idx])]
@@ -177,15 +217,16 @@ class VerifierPool:
                 continue
             w.item, w.deadline = idx, time.monotonic() + limit
 
-    def _collect(self, results: list, lowest: float) -> None:
-        """Wait for the next result, readiness, crash or deadline; handle what happened."""
-        waiting = [w for w in self._workers if w.item is not None or not w.ready]
+    def _collect(self, results: list, lowest: float, end: float = math.inf) -> None:
+        """Wait for the next result, readiness, crash or deadline (or the call's budget end);
+        handle what happened."""
+        waiting = [w for w in self._workers if w.item is not None or w.warming or not w.ready]
         if not waiting:
             return
         deadlines = [
             w.deadline if w.ready else w.started + self.cfg.start_timeout_s for w in waiting
         ]
-        timeout = max(0.0, min(deadlines) - time.monotonic())
+        timeout = max(0.0, min(min(deadlines), end) - time.monotonic())
         ready = set(map(id, wait([w.inbox for w in waiting], timeout=timeout)))
         now = time.monotonic()
         for w in waiting:
@@ -194,12 +235,18 @@ class VerifierPool:
                     msg = json.loads(w.inbox.recv_bytes())
                 except (EOFError, OSError, ValueError):  # crashed: segfault, OOM kill, ...
                     if w.item is not None:
-                        results[w.item] = Verdict(lowest, "error")
-                        self.last_errors.append("worker process died")
+                        results[w.item] = self._died(w, lowest)
+                    w.warming = None
                     self._replace(w)
                     continue
                 if msg == "ready":
                     w.ready, self._start_failures = True, 0
+                    continue
+                if isinstance(msg, dict):  # {"warmed": name, "error": text}
+                    w.warmed.add(msg["warmed"])
+                    w.warming = None
+                    if msg["error"]:  # its items will err with the same text
+                        self.last_errors.append(f"warm-up of {msg['warmed']}: {msg['error']}")
                     continue
                 idx, score, reason, error = msg
                 if not error and not math.isfinite(score):
@@ -214,10 +261,25 @@ class VerifierPool:
             elif w.item is not None and now >= w.deadline:
                 results[w.item] = Verdict(lowest, "timeout")
                 self._replace(w)
+            elif w.warming is not None and now >= w.deadline:
+                raise RuntimeError(
+                    f"a verifier worker did not warm up {w.warming!r} within "
+                    f"{self.cfg.start_timeout_s} s (verifier.start_timeout_s)"
+                )
             elif not w.ready and now >= w.started + self.cfg.start_timeout_s:
                 raise RuntimeError(
                     f"a verifier worker did not start within {self.cfg.start_timeout_s} s"
                 )
+
+    def _died(self, w: _Worker, lowest: float) -> Verdict:
+        """The verdict of the item a worker was on when it died: a timeout if the kernel
+        stopped it for CPU time (SIGXCPU), else an error."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            w.process.wait(timeout=2)
+        if w.process.returncode == -signal.SIGXCPU:
+            return Verdict(lowest, "timeout")
+        self.last_errors.append(f"worker process died (exit {w.process.returncode})")
+        return Verdict(lowest, "error")
 
     def close(self) -> None:
         with self._lock:
@@ -230,6 +292,26 @@ class VerifierPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+ENV_ALLOWED = (
+    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "VIRTUAL_ENV",
+    "PYTHONHASHSEED", "AVSPO_VERIFIER_MODULES",
+)  # fmt: skip
+"""Environment variables a verifier worker gets (plus PYTHONPATH with the project first):
+model output runs there, so no key, token or password of the parent's environment does."""
+
+
+def worker_env(parent: Mapping[str, str]) -> dict[str, str]:
+    """The allow-listed environment of a verifier worker.
+
+    >>> sorted(worker_env({"PATH": "/bin", "WANDB_API_KEY": "k", "HF_TOKEN": "t"}))
+    ['OMP_NUM_THREADS', 'PATH', 'PYTHONPATH']
+    """
+    env = {k: parent[k] for k in ENV_ALLOWED if k in parent}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, parent.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"  # a verifier is single-threaded; CPU time is per process
+    return env
 
 
 _DEFAULT: VerifierPool | None = None

@@ -1,9 +1,16 @@
-"""Entry point of one verifier worker process: ``python -m reward.verifier_worker R W MEM``.
+"""Entry point of one verifier worker process: ``python -m reward.verifier_worker R W MEM CPU``.
 
-Reads JSON items ``[idx, verifier, response, reference]`` from file descriptor R, writes JSON
-results ``[idx, score, reason, error_text]`` to W, until it reads ``null`` or R closes. Its
-address space is capped at MEM bytes (RLIMIT_AS). JSON, not pickle, both ways: the parent never
-unpickles anything that touched model text.
+Reads JSON messages from file descriptor R and answers on W, until it reads ``null`` or R
+closes:
+
+- ``{"warm": name}`` -> ``{"warmed": name, "error": text}``: the verifier's one-time warm-up
+  (slow imports, reward/verifiers.py WARMUPS), before the pool sends it items of that verifier;
+- ``[idx, verifier, response, reference]`` -> ``[idx, score, reason, error_text]``.
+
+Its address space is capped at MEM bytes (RLIMIT_AS); each item may use CPU seconds of CPU time
+(RLIMIT_CPU, raised to "used so far + CPU" before each item: the kernel stops a verifier that
+spins, SIGXCPU, even if the parent's clock failed). JSON, not pickle, both ways: the parent
+never unpickles anything that touched model text.
 """
 
 from __future__ import annotations
@@ -11,19 +18,29 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import resource
 import sys
 from multiprocessing.connection import Connection
 
 
-def main(read_fd: int, write_fd: int, memory_bytes: int) -> None:
+def _limit_cpu(seconds: int) -> None:
+    """Let the next item use ``seconds`` of CPU time beyond what this process used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime) + seconds
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def main(read_fd: int, write_fd: int, memory_bytes: int, cpu_seconds: int = 0) -> None:
     with contextlib.suppress(ValueError, OSError):  # a lower hard limit already set: keep it
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled" warnings
-    from reward.verifiers import VERIFIERS, load_verifier_modules, verify_math
+    from reward.verifiers import VERIFIERS, load_verifier_modules, warm
 
     load_verifier_modules()
-    verify_math("\\boxed{x^2}", "x^2")  # warm up math-verify (first call ~75 ms)
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     outbox.send_bytes(b'"ready"')
     while True:
@@ -33,6 +50,16 @@ def main(read_fd: int, write_fd: int, memory_bytes: int) -> None:
             return
         if msg is None:
             return
+        if isinstance(msg, dict):  # {"warm": name}
+            error = ""
+            try:
+                warm(msg["warm"])
+            except BaseException as exc:  # e.g. not installed: its items will err and say so
+                error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            outbox.send_bytes(json.dumps({"warmed": msg["warm"], "error": error}).encode())
+            continue
+        if cpu_seconds:
+            _limit_cpu(cpu_seconds)
         idx, verifier, response, reference = msg
         try:
             verdict = VERIFIERS[verifier](response, reference)
@@ -43,4 +70,4 @@ def main(read_fd: int, write_fd: int, memory_bytes: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    main(*map(int, sys.argv[1:5]))

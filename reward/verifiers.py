@@ -180,12 +180,40 @@ def verifier_name(verifier: str, answer_extraction: str = "auto") -> str:
     raise ValueError(f"answer_extraction {answer_extraction!r} is not one of ['auto', 'boxed']")
 
 
-def register_verifier(name: str):
-    """Add a verifier ``fn(response, reference) -> Verdict`` under ``name``. A module that does
-    this is loaded in the pool's workers when listed in ``AVSPO_VERIFIER_MODULES``."""
+def _warm_math() -> None:
+    verify_math("\\boxed{x^2}", "x^2")  # math-verify's first call: ~75 ms of imports and caches
+
+
+def _warm_reasoning_gym() -> None:
+    import reasoning_gym  # noqa: F401  (~2 s in a fresh process: longer than an item's timeout)
+
+
+WARMUPS: dict[str, Callable[[], None]] = {
+    "math": _warm_math,
+    "math" + BOXED: _warm_math,
+    "reasoning_gym": _warm_reasoning_gym,
+    "reasoning_gym" + BOXED: _warm_reasoning_gym,
+}
+"""What a pool worker runs once before its first item of a verifier (slow imports), so that an
+item's timeout measures the verification only (reward/pool.py)."""
+
+
+def warm(name: str) -> None:
+    """Run ``name``'s warm-up, if it has one."""
+    fn = WARMUPS.get(name)
+    if fn is not None:
+        fn()
+
+
+def register_verifier(name: str, *, warm: Callable[[], None] | None = None):
+    """Add a verifier ``fn(response, reference) -> Verdict`` under ``name`` (with ``warm``, its
+    one-time warm-up: slow imports). A module that does this is loaded in the pool's workers
+    when listed in ``AVSPO_VERIFIER_MODULES``."""
 
     def deco(fn: Callable[[str, str], Verdict]) -> Callable[[str, str], Verdict]:
         VERIFIERS[name] = fn
+        if warm is not None:
+            WARMUPS[name] = warm
         return fn
 
     return deco

@@ -33,3 +33,27 @@ def _raise(response: str, reference: str) -> Verdict:
 @register_verifier("_test_score")
 def _score(response: str, reference: str) -> Verdict:
     return Verdict(float(response), "ok")  # "nan", "inf": a verifier with a non-finite score
+
+
+def _slow_warm() -> None:
+    time.sleep(float(os.environ.get("AVSPO_TEST_WARM_S", "1.5")))  # as reasoning_gym's import
+
+
+@register_verifier("_test_slow_warm", warm=_slow_warm)
+def _after_warm(response: str, reference: str) -> Verdict:
+    return Verdict(1.0, "ok")
+
+
+@register_verifier("_test_env")
+def _env(response: str, reference: str) -> Verdict:
+    """Score 1 when the environment variable named by ``response`` reached the worker."""
+    return Verdict(float(response in os.environ), "ok")
+
+
+@register_verifier("_test_spin")
+def _spin(response: str, reference: str) -> Verdict:
+    """Burn CPU for ``response`` seconds of CPU time (a hostile input in a tight loop)."""
+    end = time.process_time() + float(response)
+    while time.process_time() < end:
+        pass
+    return Verdict(1.0, "ok")

@@ -154,3 +154,72 @@ def test_verify_from_a_worker_thread():
     assert not errors
     assert len(out) == 4
     assert sum(v[0].reason == "ok" for v in out) == 2
+
+
+def test_a_slow_verifier_import_happens_before_the_item_clock_starts(monkeypatch):
+    """A verifier with a warm-up (reasoning_gym's import takes ~2 s in a fresh worker) is warmed
+    by each worker before it gets an item of that verifier: 1.5 s of warm-up, 0.5 s per item,
+    every item ok (old code: the warm-up ran inside the first item's 0.5 s -> timeouts)."""
+    monkeypatch.setenv("AVSPO_VERIFIER_MODULES", "tests.reward.fault_verifiers")
+    with VerifierPool(PoolConfig(num_workers=2, timeout_s=0.5)) as p:
+        verdicts = p.verify(["x"] * 4, [""] * 4, verifier="_test_slow_warm")
+        assert [v.reason for v in verdicts] == ["ok"] * 4
+        assert p.replaced == 0
+
+
+@pytest.mark.slow
+def test_reasoning_gym_answers_score_right_under_a_cold_pool():
+    """The issue's case: correct reasoning_gym answers on a fresh pool with the default 2 s
+    per-item timeout (old code: 8/8, then 5/8 scored 0 as timeouts)."""
+    from reward.tasks import TaskConfig, make_task
+
+    task = make_task(
+        TaskConfig(name="reasoning_gym", gym_dataset="basic_arithmetic", num_train=1, num_test=8)
+    )
+    refs = [p.answer for p in task.test]
+    import json
+
+    answers = [str(json.loads(r)["entry"]["answer"]) for r in refs]
+    with VerifierPool(PoolConfig(num_workers=2, timeout_s=2.0)) as p:
+        verdicts = p.verify(answers, refs, verifier=task.verifier)
+    assert [v.reason for v in verdicts] == ["ok"] * 8, verdicts
+
+
+def test_a_step_budget_scores_the_rest_as_timeouts_instead_of_stalling(monkeypatch):
+    """10 items of 0.4 s on 2 workers need ~2 s; a 1 s budget for the call ends it after ~1 s
+    with the unfinished items scored as timeouts (counted), and the pool still answers."""
+    monkeypatch.setenv("AVSPO_VERIFIER_MODULES", "tests.reward.fault_verifiers")
+    with VerifierPool(PoolConfig(num_workers=2, timeout_s=5.0, step_budget_s=1.0)) as p:
+        t0 = time.monotonic()
+        verdicts = p.verify(["0.4"] * 10, [""] * 10, verifier="_test_sleep")
+        elapsed = time.monotonic() - t0
+        reasons = [v.reason for v in verdicts]
+        # ~2 rounds of 2 items finish in 0.8 s; the 3rd round is cut at 1.0 s
+        assert 2 <= reasons.count("ok") <= 6 and reasons.count("timeout") == 10 - reasons.count(
+            "ok"
+        )
+        assert p.budget_timeouts == reasons.count("timeout")
+        assert elapsed < 1.0 + MARGIN_S
+        assert p.verify(["1+1=2"], ["2"], verifier="numeric")[0].reason == "ok"
+
+
+def test_workers_get_an_allow_listed_environment(monkeypatch):
+    monkeypatch.setenv("AVSPO_VERIFIER_MODULES", "tests.reward.fault_verifiers")
+    monkeypatch.setenv("WANDB_API_KEY", "secret-value")
+    monkeypatch.setenv("SOME_TOKEN", "secret-value")
+    with VerifierPool(PoolConfig(num_workers=1)) as p:
+        names = ["WANDB_API_KEY", "SOME_TOKEN", "PATH"]
+        verdicts = p.verify(names, [""] * 3, verifier="_test_env")
+    assert [v.score for v in verdicts] == [0.0, 0.0, 1.0]
+
+
+def test_a_cpu_time_limit_stops_a_spinning_verifier(monkeypatch):
+    """Wall clock 30 s, CPU time 1 s: a verifier burning 5 s of CPU is stopped by the kernel
+    (SIGXCPU) after ~1-2 s and scored as a timeout; the next item is fine."""
+    monkeypatch.setenv("AVSPO_VERIFIER_MODULES", "tests.reward.fault_verifiers")
+    with VerifierPool(PoolConfig(num_workers=1, timeout_s=30.0, cpu_time_s=1)) as p:
+        t0 = time.monotonic()
+        verdicts = p.verify(["5", "0.1"], ["", ""], verifier="_test_spin")
+        elapsed = time.monotonic() - t0
+    assert [v.reason for v in verdicts] == ["timeout", "ok"]
+    assert elapsed < 5
