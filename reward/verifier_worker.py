@@ -19,8 +19,11 @@ import contextlib
 import json
 import logging
 import math
+import os
 import resource
 import sys
+import threading
+import time
 from multiprocessing.connection import Connection
 
 
@@ -34,7 +37,23 @@ def _limit_cpu(seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
+def _exit_with_parent(interval_s: float = 0.5) -> None:
+    """A watchdog thread: this worker exits as soon as its parent (the pool's process) is gone
+    (it gets re-parented), so a killed actor or driver leaves no verifier process behind.
+    (PR_SET_PDEATHSIG would fire when the parent *thread* that spawned us exits, and the pool
+    spawns from any thread.)"""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 def main(read_fd: int, write_fd: int, memory_bytes: int, cpu_seconds: int = 0) -> None:
+    _exit_with_parent()
     with contextlib.suppress(ValueError, OSError):  # a lower hard limit already set: keep it
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled" warnings

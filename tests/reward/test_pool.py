@@ -223,3 +223,51 @@ def test_a_cpu_time_limit_stops_a_spinning_verifier(monkeypatch):
         elapsed = time.monotonic() - t0
     assert [v.reason for v in verdicts] == ["timeout", "ok"]
     assert elapsed < 5
+
+
+def test_workers_exit_when_their_parent_is_killed(tmp_path):
+    """A pool's process SIGKILLed (as a killed actor is) while a worker is busy with a 30 s
+    item: the busy worker notices within ~0.5 s that it was re-parented and exits (an idle one
+    exits on its closed pipe); none is left behind (old code: the busy one ran on)."""
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import threading, time\n"
+        "from reward.pool import PoolConfig, VerifierPool\n"
+        "p = VerifierPool(PoolConfig(num_workers=2, step_budget_s=None))\n"
+        "p.verify(['1+1=2'], ['2'], verifier='numeric')\n"
+        "args = (['30', '30'], ['', ''])\n"
+        "kw = dict(verifier='_test_sleep', timeout_s=60)\n"
+        "threading.Thread(target=p.verify, args=args, kwargs=kw, daemon=True).start()\n"
+        "time.sleep(1.0)\n"
+        "print(' '.join(str(w.process.pid) for w in p._workers), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, "AVSPO_VERIFIER_MODULES": "tests.reward.fault_verifiers"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env
+    )
+    pids = [int(x) for x in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in pids if _not_zombie(p)]
+    try:
+        assert alive == []
+    finally:
+        for p in alive:
+            os.kill(p, signal.SIGKILL)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
