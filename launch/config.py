@@ -32,12 +32,17 @@ class ConfigError(ValueError):
 
 @contextlib.contextmanager
 def exit_on_config_error():
-    """The entry points' contract: a :class:`ConfigError` becomes one line on stderr and exit
-    status 2 (no traceback)."""
+    """The entry points' contract: a :class:`ConfigError` or a data error (reward/tasks.py
+    DataError) becomes one line on stderr and exit status 2 (no traceback)."""
+    from reward.tasks import DataError
+
     try:
         yield
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except DataError as err:  # the file, the row, the reason: before any actor starts
+        print(f"data error: {err}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -69,6 +74,11 @@ class TrainerConfig:
     """Holds metrics.jsonl, report.md, plots, checkpoints; null = Hydra's output directory."""
     resume: str | None = None
     """null (fresh run) | auto (latest checkpoint in run_dir if any) | a checkpoint path."""
+    keep_checkpoints: int | None = field(default=3, metadata={"ge": 1})
+    """Keep the newest this many checkpoints (older ones are deleted after a save); null = all."""
+    resume_allow_changes: list[str] = field(default_factory=list)
+    """Config keys (or prefixes, e.g. ``learner.lr``, ``algorithm``) that may differ from the
+    checkpoint's run on resume; any other difference in what changes results is refused."""
 
 
 @dataclass
@@ -259,6 +269,9 @@ def validate(node: Any, path: str = "") -> None:
     if callable(check):
         problem = check()
         if problem:
+            head = problem.split(":", 1)[0].split(".", 1)[0]
+            if path and head in {f.name for f in fields(node)}:  # "sampling.n: ..." -> full key
+                raise ConfigError(f"{path}.{problem}")
             raise ConfigError(f"{path or '<root>'}: {problem}")
 
 

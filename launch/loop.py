@@ -16,8 +16,10 @@ generated, for at most ``max_rounds`` rounds per step; the advantage stage still
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import random
@@ -42,9 +44,10 @@ from launch.heldout import evaluate
 from launch.prompts import render
 from learner import checkpoint
 from learner.advantage_stage import AdvantageStage
+from reward.actor import VerifierActor
 from reward.tasks import Problem, Task, TaskConfig, make_task
 from reward.verifiers import Verdict
-from rollout.actors import get, spawn_actor_group
+from rollout.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
 from rollout.seeding import derive_seed
 from rollout.types import Group
 
@@ -92,11 +95,16 @@ class Trainer:
         from transformers import AutoTokenizer
 
         from learner.group import LearnerGroup
-        from reward.actor import VerifierActor
         from rollout.worker import RolloutGroup
 
         self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
         self.ckpt_root = self.run_dir / "checkpoints"
+        self.stop_reason: str | None = None
+        if learner and self.ckpt_root.is_dir():
+            for name in checkpoint.clean_stale(self.ckpt_root):
+                log(
+                    f"removed {self.ckpt_root / name}: a partial checkpoint of an interrupted write"
+                )
         self.resume_from = self._resolve_resume()
         self.model_path = ensure_model(cfg.model, log)
         if self.resume_from is not None and not learner:  # evaluate a checkpoint's weights
@@ -119,6 +127,12 @@ class Trainer:
         problem = context_problem(cfg, self.task, self.eval_sets, tokenizer, learner)
         if problem:
             raise ConfigError(problem)
+        if learner and self.resume_from is not None:  # before any actor starts
+            saved = checkpoint.read_state(self.resume_from).get("run")
+            allowed = cfg.trainer.resume_allow_changes
+            problem = resume_problem(saved, self.fingerprint(), allowed)
+            if problem:
+                raise ConfigError(f"trainer.resume: {problem}")
         sampling = cfg.rollout.sampling
         self.stage = AdvantageStage(
             cfg.algorithm,
@@ -140,9 +154,9 @@ class Trainer:
             placement=placement["rollout"],
             wait=False,
         )
-        self.verifier = spawn_actor_group(
-            VerifierActor, 1, cfg.verifier, num_cpus=1, placement=placement["verifier"]
-        )[0]
+        self.placement = placement
+        self.verifier = self._spawn_verifier()
+        self.verifier_restarts = 0
         self.learner = None
         if learner:
             loss = cfg.algorithm.loss
@@ -189,12 +203,38 @@ class Trainer:
         responses = [s.text for g in groups for s in g.samples]
         refs = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g.samples]
         lowest = task.reward_range[0]
-        verdicts = get(
-            [self.verifier.verify.remote(responses, refs, task.verifier, lowest=lowest)],
-            timeout_s=self.cfg.rollout.timeout_s,
-            what="verification",
-        )[0]
+        while True:  # a verifier actor that died is restarted and the batch verified again
+            call = self.verifier.verify.remote(responses, refs, task.verifier, lowest=lowest)
+            verdicts = settle({0: call}, timeout_s=self.cfg.rollout.timeout_s, what="verification")[
+                0
+            ]
+            if not isinstance(verdicts, ActorDied):
+                break
+            self.restart_verifier(str(verdicts))
         return score_truncated(groups, verdicts, task_cfg.truncated, lowest)
+
+    def restart_verifier(self, why: str) -> None:
+        import ray
+
+        if self.verifier_restarts >= self.cfg.rollout.max_restarts:
+            raise ActorGroupError(f"{why}; rollout.max_restarts reached for the verifier")
+        self.verifier_restarts += 1
+        self.log(f"the verifier actor died ({why}): restarting it")
+        with contextlib.suppress(Exception):
+            ray.kill(self.verifier)
+        self.verifier = self._spawn_verifier()
+
+    def _spawn_verifier(self):
+        return spawn_actor_group(
+            VerifierActor, 1, self.cfg.verifier, num_cpus=1, placement=self.placement["verifier"]
+        )[0]
+
+    def fault_metrics(self) -> dict[str, float]:
+        """Cumulative counts of the run's recovered faults (``fault/...``)."""
+        return {
+            "fault/actor_restarts": float(self.rollout.restarts + self.verifier_restarts),
+            "fault/regenerated_groups": float(self.rollout.regenerated),
+        }
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Held-out evaluation of every eval set; with ``trainer.eval_tasks``, per-task metrics
@@ -294,9 +334,14 @@ class Trainer:
         metrics["timing_s/step"] = t4 - t0
         stages = ("generate", "verify", "advantage", "learner", "weight_sync")
         metrics["timing_s/other"] = t4 - t0 - sum(metrics[f"timing_s/{k}"] for k in stages)
-        return metrics
+        return metrics | self.fault_metrics()
 
     # ---- the run ------------------------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next step boundary with a checkpoint (SIGINT/SIGTERM: launch/train.py);
+        :meth:`run` then raises :class:`Stopped`."""
+        self.stop_reason = reason
 
     def run(self) -> dict[str, float]:
         t = self.cfg.trainer
@@ -308,14 +353,19 @@ class Trainer:
                 metrics = self.evaluate(0)
                 self.accuracy_start = metrics["eval/accuracy"]
                 sink.log(0, metrics)
+            if self.stop_reason:
+                raise Stopped(self.stop_reason, start, None)
             for step in range(start + 1, t.total_steps + 1):
                 metrics = self.train_step(step)
                 last = step == t.total_steps
                 if (t.eval_every and step % t.eval_every == 0) or last:
                     metrics |= self.evaluate(step)
                 sink.log(step, metrics)  # before the checkpoint: a resume never loses a row
-                if (t.save_every and step % t.save_every == 0) or last:
-                    self.save(step)
+                stopping = self.stop_reason is not None and not last
+                if (t.save_every and step % t.save_every == 0) or last or stopping:
+                    folder = self.save(step)
+                if stopping:
+                    raise Stopped(self.stop_reason, step, folder)
         finally:
             sink.close()
         self.write_outputs()
@@ -348,8 +398,26 @@ class Trainer:
         state = {
             "advantage_stage": self.stage.state_dict(),
             "extra": {"sampler": self.sampler.state_dict(), "accuracy_start": self.accuracy_start},
+            "run": self.fingerprint(),
         }
-        return self.learner.save_checkpoint(str(self.ckpt_root), step, state)
+        try:
+            return self.learner.save_checkpoint(
+                str(self.ckpt_root), step, state, keep=self.cfg.trainer.keep_checkpoints
+            )
+        except Exception as err:  # disk full, a rank's write error: the older ones are intact
+            intact = checkpoint.checkpoints(self.ckpt_root)
+            raise CheckpointFailed(
+                f"checkpoint at step {step} failed ({type(err).__name__}: {err}); "
+                + (f"{intact[-1]} is intact" if intact else "no earlier checkpoint exists")
+            ) from err
+
+    def fingerprint(self) -> dict:
+        """What a resume must match: the config (as JSON) and the training data."""
+        data = hashlib.sha256()
+        for p in self.task.train:
+            data.update(json.dumps([p.uid, p.prompt, p.answer]).encode())
+        cfg = json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str))
+        return {"config": cfg, "train_data_sha256": data.hexdigest()}
 
     def restore(self) -> int:
         """Load ``self.resume_from`` (if any) into the learner, the engines and the sampler;
@@ -439,6 +507,71 @@ def context_problem(cfg: TrainConfig, task: Task, eval_sets: dict, tokenizer, tr
 
 def _eval_key(name: str | None) -> str:
     return f"trainer.eval_tasks.{name}" if name else "task"
+
+
+class Stopped(Exception):
+    """The run stopped early on request (a signal) at a step boundary, checkpoint written."""
+
+    def __init__(self, reason: str, step: int, folder: str | None):
+        super().__init__(f"stopped by {reason} after step {step}")
+        self.reason, self.step, self.folder = reason, step, folder
+
+
+class CheckpointFailed(RuntimeError):
+    """Writing a checkpoint failed; the message names the newest intact one."""
+
+
+RESUME_FREE = (
+    "trainer.total_steps", "trainer.resume", "trainer.run_dir", "trainer.eval_every",
+    "trainer.save_every", "trainer.keep_checkpoints", "trainer.resume_allow_changes",
+    "trainer.eval_tasks", "trainer.eval_pass_k", "trainer.eval_temperature",
+    "trainer.eval_max_new_tokens", "logger", "cluster", "rollout.timeout_s",
+    "rollout.start_timeout_s", "learner.timeout_s", "verifier", "model.cache_dir",
+)  # fmt: skip
+"""Config keys (prefixes) that do not change a run's training results: free on resume."""
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}.{k}" if prefix else k
+        out |= _flat(v, key) if isinstance(v, dict) and v else {key: v}
+    return out
+
+
+def resume_problem(saved: dict | None, now: dict, allowed: list[str]) -> str | None:
+    """Why a run may not continue a checkpoint: the keys whose values differ (beyond
+    :data:`RESUME_FREE` and ``allowed``), or different training data. None when it may.
+
+    >>> a = {"config": {"learner": {"lr": 1e-6}, "trainer": {"total_steps": 5}},
+    ...      "train_data_sha256": "x"}
+    >>> b = {"config": {"learner": {"lr": 2e-6}, "trainer": {"total_steps": 9}},
+    ...      "train_data_sha256": "x"}
+    >>> print(resume_problem(a, b, []))  # doctest: +NORMALIZE_WHITESPACE
+    the config differs from the checkpoint's run in learner.lr (1e-06 -> 2e-06); allow with
+    trainer.resume_allow_changes=[learner.lr]
+    >>> resume_problem(a, b, ["learner.lr"]) is None
+    True
+    """
+    if saved is None:  # written before checkpoints recorded their run
+        return None
+    free = (*RESUME_FREE, *allowed)
+    is_free = lambda key: any(key == f or key.startswith(f + ".") for f in free)  # noqa: E731
+    old, new = _flat(saved["config"]), _flat(now["config"])
+    changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+    changed = [k for k in changed if not is_free(k)]
+    if changed:
+        shown = ", ".join(f"{k} ({old.get(k)} -> {new.get(k)})" for k in changed[:5])
+        return (
+            f"the config differs from the checkpoint's run in {shown}; allow with "
+            f"trainer.resume_allow_changes=[{','.join(changed)}]"
+        )
+    if saved["train_data_sha256"] != now["train_data_sha256"] and not is_free("task"):
+        return (
+            "the training data differs from the checkpoint's run (task files or generation "
+            "changed); allow with trainer.resume_allow_changes=[task]"
+        )
+    return None
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -10,12 +10,50 @@ the resolved ``config.yaml`` and ``metrics.jsonl``.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
 from pathlib import Path
+from signal import SIGINT, SIGTERM
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from launch.config import exit_on_config_error, to_train_config
+
+
+class stop_on_signals(contextlib.AbstractContextManager):
+    """SIGINT/SIGTERM while it is active: the first asks the trainer (once ``trainer`` is set)
+    to stop at the next step boundary with a checkpoint; a second one, or one before the
+    trainer exists, interrupts at once (KeyboardInterrupt: actors are still shut down)."""
+
+    def __enter__(self):
+        self.trainer = None
+        self.previous = {s: signal.signal(s, self._handle) for s in (SIGINT, SIGTERM)}
+        return self
+
+    def arm(self, trainer) -> None:
+        """From now on a first signal stops ``trainer`` at a step boundary. Re-installs the
+        handlers: ``ray.init`` (inside the trainer) put its own SIGTERM handler in place, which
+        aborts the driver (exit -6) without shutting anything down."""
+        self.trainer = trainer
+        for s in self.previous:
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.trainer is None or self.trainer.stop_reason is not None:
+            raise KeyboardInterrupt(name)
+        self.trainer.request_stop(name)
+        print(
+            f"{name}: finishing this step, then a checkpoint and exit (again to abort now)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -29,14 +67,23 @@ def main(raw: DictConfig) -> None:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     print(f"run directory: {run_dir}", flush=True)
 
-    from launch.loop import Trainer
+    from launch.loop import CheckpointFailed, Stopped, Trainer
 
-    with exit_on_config_error():
+    resume = " ".join(["python -m launch.train", *sys.argv[1:], "trainer.resume=auto"])
+    with exit_on_config_error(), stop_on_signals() as stop:
         trainer = Trainer(cfg, run_dir, log=lambda line: print(line, flush=True))
-    try:
-        final = trainer.run()
-    finally:
-        trainer.shutdown()
+        stop.arm(trainer)
+        try:
+            final = trainer.run()  # a resume refused (config or data changed): exit 2
+        except Stopped as err:
+            where = f"checkpoint {err.folder}" if err.folder else "no checkpoint (no step done)"
+            print(f"{err}; {where}; continue with: {resume}", file=sys.stderr, flush=True)
+            sys.exit(128 + signal.Signals[err.reason].value)
+        except CheckpointFailed as err:
+            print(f"error: {err}\nfree space, then continue with: {resume}", file=sys.stderr)
+            sys.exit(1)
+        finally:
+            trainer.shutdown()
     start = final["eval/accuracy_start"]
     print(
         f"held-out accuracy: {start:.3f} at step 0 -> "
@@ -45,5 +92,63 @@ def main(raw: DictConfig) -> None:
     )
 
 
-if __name__ == "__main__":
+VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path",
+               "-cp", "--config-dir", "-cd", "--info", "-i")  # fmt: skip
+"""Hydra's flags that take a value (never an override)."""
+
+
+def overrides_of(argv: list[str]) -> list[str]:
+    """The Hydra overrides among command-line arguments.
+
+    >>> overrides_of(["--cfg", "job", "algorithm=grpo", "-p", "trainer", "--validate", "x=1"])
+    ['algorithm=grpo', 'x=1']
+    """
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in VALUE_FLAGS:
+            skip = True
+        elif not arg.startswith("-"):
+            out.append(arg)
+    return out
+
+
+def validate(overrides: list[str]) -> None:
+    """Compose, check every key, value and cross-field rule, and read the tasks' data files
+    (bad rows named); exit 2 with one line on the first problem. No actor, model or Ray."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from launch.config import ConfigError
+    from reward.tasks import make_task
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with exit_on_config_error():
+        try:
+            with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+                cfg = to_train_config(compose("config", overrides=overrides))
+        except (HydraException, OmegaConfBaseException) as err:
+            cause = f" ({str(err.__cause__).splitlines()[0]})" if err.__cause__ else ""
+            raise ConfigError(str(err).splitlines()[0] + cause) from None
+        for task in (cfg.task, *cfg.trainer.eval_tasks.values()):
+            make_task(task)
+
+
+def cli() -> None:
+    """``python -m launch.train``: ``--validate`` checks the whole config (and the data files)
+    and exits 0 or 2 without starting anything; ``--cfg job|all`` validates before Hydra prints
+    the config; anything else runs :func:`main`."""
+    argv = sys.argv[1:]
+    if "--validate" in argv:
+        validate(overrides_of(argv))
+        print("config ok")
+        return
+    if any(a in ("--cfg", "-c") for a in argv):
+        validate(overrides_of(argv))
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -10,6 +10,7 @@ sequence counts, and sums the ranks' metrics. Every remote wait has a timeout.
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 from learner import checkpoint
@@ -134,21 +135,35 @@ class LearnerGroup:
             raise ActorGroupError(f"weight export: no answer within {self.cfg.timeout_s:.0f} s")
         return refs[0]
 
-    def save_checkpoint(self, root: str, step: int, state: dict | None = None) -> str:
+    def save_checkpoint(
+        self, root: str, step: int, state: dict | None = None, keep: int | None = None
+    ) -> str:
         """A complete checkpoint of the learner (all ranks), with ``state`` (the driver's:
-        advantage stage and monitor, data position, RNG; JSON) in the sidecar."""
+        advantage stage and monitor, data position, RNG; JSON) in the sidecar; then only the
+        newest ``keep`` are kept. Checks the free space first (the last checkpoint's size); a
+        failed write leaves no partial folder and the earlier checkpoints intact."""
+        previous = checkpoint.checkpoints(root)
+        if previous:
+            checkpoint.check_space(root, checkpoint.size(previous[-1]))
         tmp = checkpoint.staging_dir(root, step)
-        get(
-            [r.save.remote(str(tmp)) for r in self.ranks],
-            timeout_s=self.cfg.timeout_s,
-            what="saving a learner checkpoint",
-        )
-        return str(checkpoint.commit(root, step, tmp, {"step": step, **(state or {})}))
+        try:
+            get(
+                [r.save.remote(str(tmp)) for r in self.ranks],
+                timeout_s=self.cfg.timeout_s,
+                what="saving a learner checkpoint",
+            )
+            folder = checkpoint.commit(root, step, tmp, {"step": step, **(state or {})})
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        checkpoint.retain(root, keep)
+        return str(folder)
 
     def load_checkpoint(self, folder: str) -> dict:
         """Restore the ranks; returns the sidecar (``step`` and the driver's state)."""
         path = Path(folder)
         checkpoint.check_complete(path)
+        checkpoint.verify(path)
         get(
             [r.load.remote(str(path)) for r in self.ranks],
             timeout_s=self.cfg.timeout_s,

@@ -328,6 +328,11 @@ class LearnerRank:
             )
 
     def load(self, folder: str) -> None:
+        """DeepSpeed's checkpoint under ``folder`` (the driver verified its manifest first),
+        every torch file read with ``weights_only=True`` (learner/checkpoint.py)."""
+        from learner.checkpoint import safe_torch_load
+
+        self.engine.checkpoint_engine.load = safe_torch_load
         path, _ = self.engine.load_checkpoint(
             folder, tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True
         )

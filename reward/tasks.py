@@ -164,17 +164,28 @@ def _rows(path: Path) -> Iterator[tuple[int, Any]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
-            yield i, row
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as err:  # pyarrow's ArrowInvalid and friends
+            raise DataError(f"{path}: not a readable parquet file ({err})") from None
+        yield from enumerate(rows, start=1)
         return
     with path.open(encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield i, json.loads(line)
-            except json.JSONDecodeError as err:
-                yield i, DataError(f"{path}: row {i}: not valid JSON ({err.msg})")
+        try:
+            for i, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                if i == 1 and line.lstrip().startswith("["):
+                    raise DataError(
+                        f"{path}: row 1: a JSON array, not JSON lines (one object per line; "
+                        "convert with: jq -c '.[]')"
+                    )
+                try:
+                    yield i, json.loads(line)
+                except json.JSONDecodeError as err:
+                    yield i, DataError(f"{path}: row {i}: not valid JSON ({err.msg})")
+        except UnicodeDecodeError as err:
+            raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
 def _text_of(raw: Any) -> str:
@@ -231,8 +242,9 @@ def load_problems(path: str | Path, cfg: TaskConfig, limit: int) -> tuple[list[P
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    problems, skipped = [], 0
+    problems, skipped, seen = [], 0, 0
     for i, row in _rows(path):
+        seen += 1
         if len(problems) >= limit:
             break
         try:
@@ -274,6 +286,10 @@ def load_problems(path: str | Path, cfg: TaskConfig, limit: int) -> tuple[list[P
                 answer=answer,
             )
         )
+    if not seen:
+        raise DataError(f"{path}: empty (no rows)")
+    if not problems and limit > 0:
+        raise DataError(f"{path}: every row is bad ({skipped} skipped under on_bad_row=skip)")
     return problems, skipped
 
 

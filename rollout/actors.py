@@ -6,6 +6,7 @@ Only actor wrappers and the driver import Ray (DESIGN.md section 3); algorithm c
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 import ray
@@ -53,3 +54,31 @@ def get(refs: list, *, timeout_s: float, what: str) -> list:
         raise ActorGroupError(f"{what}: no answer within {timeout_s:.0f} s") from None
     except RayActorError as err:
         raise ActorGroupError(f"{what}: an actor died ({type(err).__name__}: {err})") from err
+
+
+class ActorDied(ActorGroupError):
+    """The actor of one call died (killed, crashed, out of memory): the caller may restart it."""
+
+
+def settle(refs: dict, *, timeout_s: float, what: str) -> dict:
+    """Wait for every ref of ``{key: ref}``; returns ``{key: result}`` where a call whose actor
+    died gives an :class:`ActorDied` instead of raising (the caller decides what to restart).
+    Any other failure (an exception inside the call, the timeout) raises as :func:`get` does."""
+    deadline = time.monotonic() + timeout_s
+    pending = dict(refs)
+    out: dict = {}
+    while pending:
+        left = deadline - time.monotonic()
+        ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=max(0.0, left))
+        if not ready:
+            for ref in pending.values():
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+            raise ActorGroupError(f"{what}: no answer within {timeout_s:.0f} s")
+        for key in [k for k, r in pending.items() if r == ready[0]]:
+            ref = pending.pop(key)
+            try:
+                out[key] = ray.get(ref)
+            except RayActorError as err:
+                out[key] = ActorDied(f"{what}: an actor died ({type(err).__name__}: {err})")
+    return out

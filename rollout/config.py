@@ -46,6 +46,9 @@ class RolloutConfig:
     """collective only: auto = nccl when the engines hold GPUs, gloo otherwise."""
     weight_sync_bucket_mb: float = field(default=256.0, metadata={"gt": 0.0})
     """collective only: bytes per broadcast (one dtype per bucket; a larger tensor goes alone)."""
+    max_restarts: int = field(default=3, metadata={"ge": 0})
+    """Rollout workers restarted per run when one dies (its lost generation is redone with the
+    same seeds, so the run is unchanged); past that the run stops with the error."""
     timeout_s: float = field(default=600.0, metadata={"gt": 0.0})
     """Limit of one remote call (generation of a step's batch, a weight load)."""
     start_timeout_s: float = field(default=900.0, metadata={"gt": 0.0})
@@ -56,13 +59,13 @@ class RolloutConfig:
         tp, gpus = self.tensor_parallel_size, self.num_gpus_per_worker
         if tp > 1 and gpus == 0:
             return (
-                f"rollout.tensor_parallel_size: {tp} needs GPUs (rollout.num_gpus_per_worker is "
-                "0); on CPUs use more rollout.num_workers"
+                f"tensor_parallel_size: {tp} needs GPUs (num_gpus_per_worker is 0); on CPUs use "
+                "more num_workers"
             )
         if gpus > 0 and tp > max(gpus, 1):
             return (
-                f"rollout.tensor_parallel_size: {tp} shards need {tp} GPUs per worker, "
-                f"rollout.num_gpus_per_worker is {gpus:g}"
+                f"tensor_parallel_size: {tp} shards need {tp} GPUs per worker, "
+                f"num_gpus_per_worker is {gpus:g}"
             )
         if self.sampling.n != 1:
             return "sampling.n: the group size is rollout.n_samples (sampling.n is set per call)"

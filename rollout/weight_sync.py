@@ -15,12 +15,13 @@ transport.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import ray
 import torch
 
-from rollout.actors import get
+from rollout.actors import ActorDied, get, settle
 
 
 class WeightTransport(Protocol):
@@ -33,23 +34,35 @@ class ObjectStoreTransport:
     def __init__(self, workers: list, *, timeout_s: float, **_):
         self.workers, self.timeout_s = workers, timeout_s
 
-    def sync_from(self, learner, version: int) -> float:
+    def sync_from(self, learner, version: int, on_death=None) -> float:
         """Rank 0's state dict stays in the object store; the engines read it from there."""
-        return self.push(learner.export_weights_ref(), version)
+        return self.push(learner.export_weights_ref(), version, on_death)
 
-    def push(self, named_tensors: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> float:
+    def push(
+        self,
+        named_tensors: dict[str, torch.Tensor] | ray.ObjectRef,
+        version: int,
+        on_death: Callable[[int], None] | None = None,
+    ) -> float:
         """``named_tensors``: a state dict, or the ref of one already in the object store (a
-        learner rank's ``export_weights`` result: then the weights never pass the driver)."""
+        learner rank's ``export_weights`` result: then the weights never pass the driver).
+        ``on_death(i)``: called for a worker that died meanwhile (it restarts it with these
+        weights); without it a death raises."""
         t0 = time.perf_counter()
         if isinstance(named_tensors, ray.ObjectRef):
             ref = named_tensors
         else:
             ref = ray.put({k: v.detach().to("cpu").contiguous() for k, v in named_tensors.items()})
-        get(
-            [w.load_weights.remote(ref, version) for w in self.workers],
+        settled = settle(
+            {i: w.load_weights.remote(ref, version) for i, w in enumerate(self.workers)},
             timeout_s=self.timeout_s,
             what=f"weight sync (version {version})",
         )
+        for i, result in settled.items():
+            if isinstance(result, ActorDied):
+                if on_death is None:
+                    raise result
+                on_death(i)
         return time.perf_counter() - t0
 
 
@@ -100,7 +113,9 @@ class CollectiveTransport:
         get(refs, timeout_s=self.timeout_s, what=f"opening the weight-sync group ({world} ranks)")
         self.learner = learner
 
-    def sync_from(self, learner, version: int) -> float:
+    def sync_from(self, learner, version: int, on_death=None) -> float:
+        """(A dead engine stops the sync with an error: the group would have to be re-opened
+        with every engine; restarts need rollout.weight_sync=object_store.)"""
         t0 = time.perf_counter()
         if self.learner is not learner:
             self.connect(learner)

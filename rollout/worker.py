@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from rollout.actors import get, spawn_actor_group
+from rollout.actors import ActorDied, ActorGroupError, get, settle, spawn_actor_group
 from rollout.config import RolloutConfig
 from rollout.seeding import derive_seed
 from rollout.types import Group, SamplingConfig
@@ -72,6 +72,12 @@ class RolloutWorker:
     def policy_version(self) -> int:
         return self.engine.policy_version
 
+    def pid(self) -> int:
+        """This actor's process id (fault-injection tests kill it)."""
+        import os
+
+        return os.getpid()
+
     # collective weight sync (rollout/collective.py)
     def weight_sync_ranks(self) -> int:
         """Processes of this engine in the sync group (its tensor-parallel size)."""
@@ -102,16 +108,12 @@ class RolloutGroup:
         ``wait=False`` lets the caller start other actors meanwhile, then call
         :meth:`wait_ready` (vLLM takes ~30 s to start on CPU)."""
         self.cfg = cfg
-        self.workers = spawn_actor_group(
-            RolloutWorker,
-            cfg.num_workers,
-            cfg,
-            model_path,
-            dtype,
-            num_cpus=cfg.num_cpus_per_worker,
-            num_gpus=cfg.num_gpus_per_worker,
-            placement=placement,
-        )
+        self.model_path, self.dtype, self.placement = model_path, dtype, placement
+        self.workers = [self._spawn(i) for i in range(cfg.num_workers)]
+        self.learner = None  # set by sync_from: where a restarted worker gets its weights
+        self.version = 0  # the policy version every engine holds
+        self.restarts = 0  # workers restarted (rollout.max_restarts bounds it)
+        self.regenerated = 0  # prompts whose generation was lost with a worker and redone
         self._ready = [w.ready.remote() for w in self.workers]
         self.transport = TRANSPORTS[cfg.weight_sync](
             self.workers,
@@ -121,6 +123,47 @@ class RolloutGroup:
         )
         if wait:
             self.wait_ready()
+
+    def _spawn(self, i: int):
+        cfg = self.cfg
+        return spawn_actor_group(
+            RolloutWorker,
+            1,
+            cfg,
+            self.model_path,
+            self.dtype,
+            num_cpus=cfg.num_cpus_per_worker,
+            num_gpus=cfg.num_gpus_per_worker,
+            placement=self.placement,
+            first_bundle=i,
+        )[0]
+
+    def restart(self, i: int, why: str) -> None:
+        """Replace dead worker ``i`` (same resources, same placement bundle) and give it the
+        weights of the version the other engines hold (from the learner; version 0 is the
+        model it starts with). At most ``rollout.max_restarts`` per run."""
+        import contextlib
+
+        import ray
+
+        if self.restarts >= self.cfg.max_restarts:
+            raise ActorGroupError(f"{why}; rollout.max_restarts ({self.cfg.max_restarts}) reached")
+        self.restarts += 1
+        logger.warning("rollout worker %d died (%s): restarting it", i, why)
+        with contextlib.suppress(Exception):
+            ray.kill(self.workers[i])
+        self.workers[i] = self._spawn(i)
+        get([self.workers[i].ready.remote()], timeout_s=self.cfg.start_timeout_s,
+            what=f"restarting rollout worker {i}")  # fmt: skip
+        if self.version:
+            if self.learner is None:
+                raise ActorGroupError(f"{why}: no learner to restore version {self.version} from")
+            get(
+                [self.workers[i].load_weights.remote(self.learner.export_weights_ref(),
+                                                     self.version)],
+                timeout_s=self.cfg.timeout_s,
+                what=f"weights for restarted rollout worker {i}",
+            )  # fmt: skip
 
     def wait_ready(self) -> list[str]:
         """Wait (``rollout.start_timeout_s``) until every engine is up; returns their names."""
@@ -137,25 +180,41 @@ class RolloutGroup:
         params = params or dataclasses.replace(self.cfg.sampling, n=self.cfg.n_samples)
         k = len(self.workers)
         bounds = [round(i * len(prompts) / k) for i in range(k + 1)]
-        calls = []
-        for i, w in enumerate(self.workers):
+        calls = {}
+        for i in range(k):
             chunk = prompts[bounds[i] : bounds[i + 1]]
             if chunk:
                 seed = None if params.seed is None else derive_seed(params.seed, "worker", i)
-                calls.append(w.generate.remote(chunk, dataclasses.replace(params, seed=seed)))
-        parts = get(calls, timeout_s=self.cfg.timeout_s, what="rollout generation")
-        return [group for part in parts for group in part]
+                calls[i] = (chunk, dataclasses.replace(params, seed=seed))
+        parts: dict[int, list[Group]] = {}
+        while calls:  # a worker that died is restarted and its chunk regenerated, same seed
+            refs = {i: self.workers[i].generate.remote(*call) for i, call in calls.items()}
+            settled = settle(refs, timeout_s=self.cfg.timeout_s, what="rollout generation")
+            for i, result in settled.items():
+                if isinstance(result, ActorDied):
+                    self.restart(i, str(result))
+                    self.regenerated += len(calls[i][0])
+                else:
+                    parts[i] = result
+                    del calls[i]
+        return [group for i in sorted(parts) for group in parts[i]]
 
     def push_weights(self, named_tensors, version: int) -> float:
         """Load new weights (a state dict, or an ObjectRef to one) into every engine through the
         object store (any transport's engines take this); returns the sync time in seconds."""
-        return ObjectStoreTransport(self.workers, timeout_s=self.cfg.timeout_s).push(
+        seconds = ObjectStoreTransport(self.workers, timeout_s=self.cfg.timeout_s).push(
             named_tensors, version
         )
+        self.version = version
+        return seconds
 
     def sync_from(self, learner, version: int) -> float:
-        """Learner rank 0's weights into every engine by ``rollout.weight_sync``; seconds."""
-        return self.transport.sync_from(learner, version)
+        """Learner rank 0's weights into every engine by ``rollout.weight_sync``; seconds. A
+        worker found dead is restarted with them (object store transport)."""
+        self.learner, self.version = learner, version
+        return self.transport.sync_from(
+            learner, version, on_death=lambda i: self.restart(i, "died before a weight sync")
+        )
 
     def policy_versions(self) -> list[int]:
         return get(

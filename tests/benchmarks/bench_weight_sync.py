@@ -85,7 +85,10 @@ def main() -> None:
     args = parser.parse_args()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:
-        models = {"tiny": lambda: ensure_model(ModelConfig()), "500MB": lambda: big_model(Path(tmp))}
+        models = {
+            "tiny": lambda: ensure_model(ModelConfig()),
+            "500MB": lambda: big_model(Path(tmp)),
+        }
         print(f"{'model':>6} {'MiB':>7} {'object store':>16} {'collective':>16} {'coll/obj':>9}")
         for size in args.sizes:
             path = models[size]()

@@ -120,11 +120,79 @@ HF_RUN = [
 ]
 
 
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory, tiny_model_dir) -> Path:
+    """HF_RUN uninterrupted: what the interrupted-and-resumed runs below must reproduce."""
+    whole = tmp_path_factory.mktemp("whole") / "run"
+    run_train(whole, *fast_tiny_overrides(tiny_model_dir), *HF_RUN)
+    return whole
+
+
+def _session_processes(sid: int) -> list[str]:
+    """Live processes of session ``sid`` (a run started with start_new_session=True)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != sid:
+                continue
+            stat = (entry / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(f"{entry.name} {stat.split(')')[0].split('(', 1)[1]}")
+        except (OSError, IndexError):
+            continue
+    return found
+
+
 @pytest.mark.slow
-def test_resume_after_a_kill_matches_an_uninterrupted_run(tmp_path, tiny_model_dir):
+def test_sigterm_checkpoints_at_the_step_boundary_and_resumes_bit_exactly(
+    tmp_path, tiny_model_dir, whole_run
+):
+    """SIGTERM to the driver during a step: it finishes that step, writes a checkpoint there,
+    shuts every actor down and exits 143 (128 + SIGTERM) printing the resume command; no
+    process of the run remains; resume=auto then reproduces the uninterrupted run exactly."""
     model = fast_tiny_overrides(tiny_model_dir)
-    whole = tmp_path / "whole"
-    run_train(whole, *model, *HF_RUN)
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(
+        train_cmd(cut, *model, *HF_RUN),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = cut / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:  # step 2 logged: step 3 runs
+        if metrics.exists() and 2 in rows(cut):
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, stderr[-3000:]
+    k = max(rows(cut))
+    assert k == 3  # step 3 finished and checkpointed (periodic saves: steps 2 and 4 only)
+    assert (cut / "checkpoints" / "latest").read_text().strip() == f"step_{k:06d}"
+    assert f"stopped by SIGTERM after step {k}" in stderr and "trainer.resume=auto" in stderr
+    deadline = time.monotonic() + 30
+    while _session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _session_processes(proc.pid) == []
+
+    stdout = run_train(cut, *model, *HF_RUN, "trainer.resume=auto")
+    assert f"at step {k}" in stdout
+    a, b = rows(whole_run), rows(cut)
+    assert sorted(b) == [0, 1, 2, 3, 4]
+    for step in range(k + 1, 5):
+        assert deterministic(b[step]) == deterministic(a[step])
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_matches_an_uninterrupted_run(tmp_path, tiny_model_dir, whole_run):
+    model = fast_tiny_overrides(tiny_model_dir)
+    whole = whole_run
 
     # Same run, killed (SIGKILL to its whole process group: driver, Ray, actors) as soon as the
     # step-2 checkpoint is committed, then resumed with trainer.resume=auto.
@@ -353,3 +421,89 @@ def test_an_actors_warning_reaches_the_drivers_console(tmp_path, tiny_model_dir)
     assert "vLLM is not installed: using the transformers (hf) engine" in console
     assert "RolloutWorker pid=" in console  # Ray's prefix: it came from the actor
     assert json.loads(out.stdout.strip().splitlines()[-1])["eval/accuracy"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["missing", "array", "empty", "bad_row"])
+def test_bad_data_exits_2_naming_file_and_row_before_any_actor(tmp_path, tiny_model_dir, case):
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"question": "1+1=", "answer": "#### 2"}) + "\n")
+    bad = tmp_path / f"{case}.jsonl"
+    content = {
+        "array": '[{"question": "1+1=", "answer": "#### 2"}]\n',
+        "empty": "",
+        "bad_row": good.read_text() + '{"question": "2+2="}\n',
+    }
+    if case in content:
+        bad.write_text(content[case])
+    want = {
+        "missing": f"data error: {bad}: no such file",
+        "array": f"data error: {bad}: row 1: a JSON array, not JSON lines",
+        "empty": f"data error: {bad}: empty (no rows)",
+        "bad_row": f"data error: {bad}: row 2: missing column 'answer'",
+    }[case]
+    out = subprocess.run(
+        train_cmd(tmp_path / "run", *fast_tiny_overrides(tiny_model_dir), "task=gsm8k",
+                  f"task.train_file={bad}", f"task.test_file={good}"),
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith(want), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "Started a local Ray" not in out.stderr
+
+
+def _kill_actor(sid: int, name: str) -> int:
+    """SIGKILL the live process of session ``sid`` whose title is ``ray::<name>...``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode()
+            if os.getsid(int(entry.name)) == sid and title.startswith(f"ray::{name}"):
+                os.kill(int(entry.name), signal.SIGKILL)
+                return int(entry.name)
+        except (OSError, ValueError):
+            continue
+    raise AssertionError(f"no ray::{name} process in session {sid}")
+
+
+@pytest.mark.slow
+def test_killed_rollout_and_verifier_actors_are_restarted_and_the_run_is_unchanged(
+    tmp_path, tiny_model_dir, whole_run
+):
+    """SIGKILL the rollout worker once step 1 is logged and the verifier actor once step 2 is:
+    both are restarted (with the current weights), what was lost is regenerated with the same
+    seeds or verified again, and every step's metrics equal the uninterrupted run's (the
+    learner trained on exactly the same samples, each once: its losses, entropies and token
+    counts match); fault/actor_restarts counts 2."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        train_cmd(run, *fast_tiny_overrides(tiny_model_dir), *HF_RUN),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    for after, actor in ((1, "RolloutWorker"), (2, "VerifierActor")):
+        while proc.poll() is None and time.monotonic() < deadline:
+            if metrics.exists() and after in rows(run):
+                break
+            time.sleep(0.05)
+        _kill_actor(proc.pid, actor)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    a, b = rows(whole_run), rows(run)
+    assert sorted(b) == sorted(a)
+    faults = lambda r: {k: v for k, v in r.items() if k.startswith("fault/")}  # noqa: E731
+    for step in a:
+        assert deterministic(b[step]).keys() == deterministic(a[step]).keys()
+        assert {k: v for k, v in deterministic(b[step]).items() if not k.startswith("fault/")} == {
+            k: v for k, v in deterministic(a[step]).items() if not k.startswith("fault/")
+        }, step
+    assert faults(b[4]) == {"fault/actor_restarts": 2.0, **faults(b[4])}
+    assert "restarting" in stderr + stdout

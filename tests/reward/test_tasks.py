@@ -136,6 +136,28 @@ def test_missing_files_are_config_errors(tmp_path):
         make_task(TaskConfig(name="math500", test_file=str(tmp_path / "nope.jsonl")))
 
 
+@pytest.mark.parametrize(
+    "name, content, reason",
+    [
+        ("empty.jsonl", b"", "empty (no rows)"),
+        ("blank.jsonl", b"\n\n", "empty (no rows)"),
+        ("array.jsonl", b'[{"question": "q", "answer": "#### 1"}]\n', "row 1: a JSON array"),
+        ("latin1.jsonl", b'{"question": "caf\xe9", "answer": "#### 1"}\n', "not UTF-8 text"),
+        ("bad.parquet", b"PAR1 not really", "not a readable parquet file"),
+        ("allbad.jsonl", b'{"q": 1}\n', "every row is bad (1 skipped"),
+    ],
+)
+def test_unusable_files_name_the_file_and_why(tmp_path, name, content, reason):
+    f = tmp_path / name
+    f.write_bytes(content)
+    cfg = TaskConfig(name="math500", test_file=str(f), answer_format="plain")
+    if name == "allbad.jsonl":
+        cfg.on_bad_row = "skip"
+    with pytest.raises(DataError) as err:
+        make_task(cfg)
+    assert str(err.value).startswith(f"{f}: {reason}")
+
+
 def test_reasoning_gym_adapter_and_its_scorer():
     task = make_task(
         TaskConfig(

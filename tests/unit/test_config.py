@@ -209,7 +209,7 @@ def run_train(*overrides: str, run_dir, ray_tmp=None) -> subprocess.CompletedPro
             "config error: algorithm.avspo.alpha: must be > 0.0, got -1.0",
         ),
         ("trainer.resume=/nonexistent/ckpt", "config error: trainer.resume: resume path"),
-        ("rollout.sampling.n=4", "config error: rollout: sampling.n: the group size is"),
+        ("rollout.sampling.n=4", "config error: rollout.sampling.n: the group size is"),
     ],
 )
 def test_cli_rejects_bad_values_before_any_actor_starts(tmp_path, override, message):
@@ -361,3 +361,37 @@ def test_tensor_parallel_beyond_the_workers_gpus_is_a_config_error():
 def test_a_collective_sync_over_gloo_validates_on_cpu():
     cfg = load("rollout.weight_sync=collective")
     assert cfg.rollout.weight_sync_backend == "auto" and cfg.rollout.num_gpus_per_worker == 0
+
+
+@pytest.mark.parametrize(
+    "args, rc, last_line",
+    [
+        (["--validate"], 0, "config ok"),
+        (
+            ["--validate", "algorithm=avspo", "algorithm.avspo.alpha=-1"],
+            2,
+            "config error: algorithm.avspo.alpha: must be > 0.0, got -1.0",
+        ),
+        # Hydra's --cfg job used to print this config and exit 0
+        (["--cfg", "job", "algorithm.avspo.alpha=-1"], 2, "config error: algorithm.avspo.alpha"),
+        (
+            ["--validate", "task=gsm8k", "task.test_file=/nonexistent/g.jsonl"],
+            2,
+            "data error: /nonexistent/g.jsonl: no such file",
+        ),
+        (["--validate", "rollout.tensor_parallel_size=2"], 2, "config error: rollout.tensor_par"),
+    ],
+)
+def test_validate_only_and_cfg_job_check_the_whole_config(args, rc, last_line):
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.train", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == rc, out.stderr[-2000:]
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    assert any(line.startswith(last_line) for line in lines), lines[-3:]
+    assert "Traceback" not in out.stderr
