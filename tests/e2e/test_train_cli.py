@@ -128,6 +128,27 @@ def whole_run(tmp_path_factory, tiny_model_dir) -> Path:
     return whole
 
 
+def start_train(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """A training run in its own session (its processes are findable and killable)."""
+    return subprocess.Popen(
+        train_cmd(run_dir, *overrides),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_row(proc: subprocess.Popen, run_dir: Path, step: int, deadline: float) -> None:
+    """Until ``step``'s metrics row is written (or the run ended, or the deadline passed)."""
+    while proc.poll() is None and time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and step in rows(run_dir):
+            return
+        time.sleep(0.05)
+
+
 def _session_processes(sid: int) -> list[str]:
     """Live processes of session ``sid`` (a run started with start_new_session=True)."""
     found = []
@@ -154,21 +175,9 @@ def test_sigterm_checkpoints_at_the_step_boundary_and_resumes_bit_exactly(
     process of the run remains; resume=auto then reproduces the uninterrupted run exactly."""
     model = fast_tiny_overrides(tiny_model_dir)
     cut = tmp_path / "cut"
-    proc = subprocess.Popen(
-        train_cmd(cut, *model, *HF_RUN),
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    metrics = cut / "metrics.jsonl"
+    proc = start_train(cut, *model, *HF_RUN)
     deadline = time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline:  # step 2 logged: step 3 runs
-        if metrics.exists() and 2 in rows(cut):
-            break
-        time.sleep(0.1)
+    wait_for_row(proc, cut, 2, deadline)  # step 2 logged: step 3 runs
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 143, stderr[-3000:]
@@ -478,22 +487,10 @@ def test_killed_rollout_and_verifier_actors_are_restarted_and_the_run_is_unchang
     learner trained on exactly the same samples, each once: its losses, entropies and token
     counts match); fault/actor_restarts counts 2."""
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        train_cmd(run, *fast_tiny_overrides(tiny_model_dir), *HF_RUN),
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    metrics = run / "metrics.jsonl"
+    proc = start_train(run, *fast_tiny_overrides(tiny_model_dir), *HF_RUN)
     deadline = time.monotonic() + 600
     for after, actor in ((1, "RolloutWorker"), (2, "VerifierActor")):
-        while proc.poll() is None and time.monotonic() < deadline:
-            if metrics.exists() and after in rows(run):
-                break
-            time.sleep(0.05)
+        wait_for_row(proc, run, after, deadline)
         _kill_actor(proc.pid, actor)
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-3000:]
