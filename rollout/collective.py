@@ -171,6 +171,23 @@ class Receiver:
                 yield spec.name, part.view(spec.shape)
 
 
+def open_receiver(
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout_s: float,
+    specs: list[tuple[str, str, tuple[int, ...]]],
+    bucket_bytes: int,
+) -> Receiver:
+    """An engine process's end of the sync group (as rank ``rank``), for ``(name, dtype,
+    shape)`` specs as the learner sends them."""
+    group, store = open_group(host, port, rank, world_size, backend=backend, timeout_s=timeout_s)
+    specs_ = [TensorSpec(n, d, tuple(s)) for n, d, s in specs]
+    return Receiver(group, store, specs_, bucket_bytes, backend)
+
+
 def drain(items: Iterable) -> int:
     """Consume what a loader left (every bucket must be received, or the sender hangs)."""
     return sum(1 for _ in items)
@@ -212,11 +229,9 @@ class VLLMWeightSyncExtension:
         bucket_bytes: int,
     ) -> int:
         rank = first_rank + int(getattr(self, "rank", 0))
-        group, store = open_group(
-            host, port, rank, world_size, backend=backend, timeout_s=timeout_s
+        self.avspo_receiver = open_receiver(
+            host, port, rank, world_size, backend, timeout_s, specs, bucket_bytes
         )
-        specs_ = [TensorSpec(n, d, tuple(s)) for n, d, s in specs]
-        self.avspo_receiver = Receiver(group, store, specs_, bucket_bytes, backend)
         return rank
 
     def avspo_receive_weights(self, version: int) -> int:

@@ -126,13 +126,11 @@ class HFEngine:
         self, host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
     ) -> list[int]:
         """Join the collective weight-sync group (rollout/collective.py) as one rank."""
-        from rollout.collective import Receiver, TensorSpec, open_group
+        from rollout.collective import open_receiver
 
-        group, store = open_group(
-            host, port, first_rank, world_size, backend=backend, timeout_s=timeout_s
+        self.receiver = open_receiver(
+            host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
         )
-        specs = [TensorSpec(n, d, tuple(s)) for n, d, s in specs]
-        self.receiver = Receiver(group, store, specs, bucket_bytes, backend)
         return [first_rank]
 
     def receive_weights(self, version: int) -> None:
