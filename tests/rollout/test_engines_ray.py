@@ -123,9 +123,11 @@ def test_weight_sync_object_store_matches_pushed_weights(group, reference_model,
 
 @pytest.mark.slow
 def test_a_worker_dying_mid_request_raises_a_clear_error(ray_cluster, tiny_model_dir):
+    """With restarts off (rollout.max_restarts=0; the default restarts it: tests/e2e) a worker
+    that dies mid-request ends the call with a clear error naming what died."""
     import ray
 
-    cfg = RolloutConfig(engine="hf", num_workers=2, timeout_s=60)
+    cfg = RolloutConfig(engine="hf", num_workers=2, timeout_s=60, max_restarts=0)
     g = RolloutGroup(cfg, tiny_model_dir)
     errors: list[BaseException] = []
 
