@@ -44,6 +44,7 @@ bench: setup
 	$(BIN)/python tests/benchmarks/bench_verifier.py
 	$(BIN)/python tests/benchmarks/bench_rollout.py
 	$(BIN)/python tests/benchmarks/bench_learner.py
+	$(BIN)/python tests/benchmarks/bench_learner_memory.py
 	$(BIN)/python tests/benchmarks/bench_step.py
 
 clean:

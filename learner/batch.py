@@ -11,10 +11,15 @@ right-padded batch of ``prompt + response`` sequences:
 Position t of the per-token tensors belongs to token ``input_ids[:, t]``, predicted from the
 logits at t - 1 (learner/logprobs.py).
 
-Sharding over ranks (:func:`shard_by_tokens`): every rank gets the same number of samples (so all
-ranks run the same number of micro-steps and collectives), and response tokens are balanced by a
-greedy longest-first assignment. The loss uses global token and sequence counts (learner/loss.py)
-so that the split does not change the loss or the gradient.
+Sharding over ranks (:func:`shard_by_tokens`): every rank gets the same number of samples, and
+response tokens are balanced by a greedy longest-first assignment. Micro-batches
+(:func:`plan_microbatches`, planned by the driver where every rank's shard is known): either
+``micro_batch_size`` consecutive rows, or packed by a token budget (longest first, at most
+``micro_batch_tokens`` padded tokens each); either way every rank runs the same number of
+micro-batches, and each micro-batch index the same number of logits pieces, because DeepSpeed's
+ZeRO collectives (gradient reduction, ZeRO-3's parameter gathers) must match across ranks. The
+loss uses global token and sequence counts (learner/loss.py) so that neither split changes the
+loss or the gradient.
 
 >>> from rollout.types import Group, Sample
 >>> g = Group("1+1=", [1, 5, 14, 5, 17], [Sample([6, 2], [-0.1, -0.2], "2", "stop", 3)])
@@ -27,11 +32,12 @@ so that the split does not change the loss or the gradient.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
+from learner.logprobs import num_chunks, scored_positions
 from rollout.types import Group
 
 
@@ -52,6 +58,14 @@ class TrainBatch:
     def num_tokens(self) -> int:
         """Response tokens (what token-mean aggregation divides by)."""
         return int(self.response_mask.sum())
+
+    def to(self, device) -> TrainBatch:
+        """The same batch with every tensor on ``device``."""
+        moved = {
+            f.name: None if (v := getattr(self, f.name)) is None else v.to(device)
+            for f in fields(self)
+        }
+        return TrainBatch(**moved)
 
     def select(self, rows: Tensor | list[int]) -> TrainBatch:
         """The given rows, trimmed to their own longest sequence."""
@@ -120,3 +134,106 @@ def shard_by_tokens(batch: TrainBatch, num_ranks: int) -> list[list[int]]:
         shards[rank].append(i)
         load[rank] += tokens[i]
     return [sorted(s) for s in shards]
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward/backward of a rank: ``rows`` of its mini-batch shard, and how many pieces the
+    chunked logits are computed in (learner/logprobs.py; the same on every rank at one index)."""
+
+    rows: list[int]
+    chunks: int = 1
+
+
+def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Rows (indices into ``lengths``) in micro-batches of at most ``max_tokens`` padded tokens
+    (rows x longest length): rows sorted longest first (ties: lower index first), each
+    micro-batch takes the next row while (its rows + 1) x its first (longest) length still fits;
+    a row longer than the budget is a micro-batch of its own. Rows ascending inside each.
+
+    >>> pack_by_tokens([10, 3, 7, 4, 2, 8], 16)  # 10 | 8+7 (2 x 8) | 4+3+2 (3 x 4)
+    [[0], [2, 5], [1, 3, 4]]
+    >>> pack_by_tokens([30, 5, 5], 16)  # 30 > 16 alone, then 5 + 5
+    [[0], [1, 2]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    longest = 0
+    for i in order:
+        if out and (len(out[-1]) + 1) * longest <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+            longest = lengths[i]
+    return [sorted(rows) for rows in out]
+
+
+def split_to(microbatches: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:
+    """Split micro-batches until there are ``count``: each time the one with the most padded
+    tokens (rows x longest; ties: the first) with at least 2 rows, into its ceil(n/2) longest
+    rows and the rest, in its place.
+
+    >>> split_to([[0, 1, 2], [3, 4, 5]], [5] * 6, 3)  # both 15 tokens: the first splits
+    [[0, 1], [2], [3, 4, 5]]
+    """
+    out = [list(rows) for rows in microbatches]
+    while len(out) < count:
+        cost = [len(r) * max(lengths[i] for i in r) if len(r) > 1 else -1 for r in out]
+        k = max(range(len(out)), key=lambda j: (cost[j], -j))
+        if cost[k] < 0:
+            raise ValueError(f"{sum(map(len, out))} rows cannot make {count} micro-batches")
+        rows = sorted(out[k], key=lambda i: (-lengths[i], i))
+        half = (len(rows) + 1) // 2
+        out[k : k + 1] = [sorted(rows[:half]), sorted(rows[half:])]
+    return out
+
+
+def plan_rows(
+    lengths: list[list[int]], *, micro_batch_size: int, micro_batch_tokens: int | None
+) -> list[list[list[int]]]:
+    """Per rank (``lengths[r]``: its rows' sequence lengths), its micro-batches' rows, with the
+    same number of micro-batches on every rank: ``micro_batch_size`` consecutive rows, or
+    :func:`pack_by_tokens`; then ranks with fewer micro-batches :func:`split_to` the most.
+
+    >>> plan_rows([[10, 3, 7, 4, 2, 8], [5] * 6], micro_batch_size=4, micro_batch_tokens=16)
+    [[[0], [2, 5], [1, 3, 4]], [[0, 1], [2], [3, 4, 5]]]
+    """
+    if micro_batch_tokens is None:
+        plans = [
+            [
+                list(range(s, min(s + micro_batch_size, len(ls))))
+                for s in range(0, len(ls), micro_batch_size)
+            ]
+            for ls in lengths
+        ]
+    else:
+        plans = [pack_by_tokens(ls, micro_batch_tokens) for ls in lengths]
+    count = max(len(p) for p in plans)
+    return [split_to(p, ls, count) for p, ls in zip(plans, lengths, strict=True)]
+
+
+def plan_microbatches(
+    shards: list[TrainBatch],
+    *,
+    micro_batch_size: int,
+    micro_batch_tokens: int | None,
+    chunk_tokens: int,
+) -> list[list[MicroBatch]]:
+    """Every rank's micro-batches of one mini-batch (``shards[r]``: rank r's rows): rows by
+    :func:`plan_rows` on sequence lengths; at each index, the logits pieces of the rank with the
+    most scored (response) positions, so every rank runs as many (ZeRO-3 gathers the output
+    embedding once per piece)."""
+    lengths = [s.attention_mask.sum(1).tolist() for s in shards]
+    plans = plan_rows(
+        lengths, micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens
+    )
+
+    def pieces(shard: TrainBatch, rows: list[int]) -> int:
+        mask = shard.response_mask[rows]  # [n, T]
+        return num_chunks(scored_positions(mask, tuple(mask.shape)), chunk_tokens)
+
+    chunks = [
+        max(pieces(s, plan[j]) for s, plan in zip(shards, plans, strict=True))
+        for j in range(len(plans[0]))
+    ]
+    return [[MicroBatch(rows, chunks[j]) for j, rows in enumerate(plan)] for plan in plans]

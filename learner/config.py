@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from learner.advantage import ESTIMATORS, STRATEGIES
+from learner.logprobs import CHUNK_TOKENS, LOGITS_MODES
 from learner.loss import LossConfig
 from learner.trigger import TriggerConfig
 
@@ -97,7 +98,13 @@ class LearnerConfig:
     """Linear LR warmup over this many optimizer steps, then constant."""
     grad_clip: float = field(default=1.0, metadata={"gt": 0.0})
     micro_batch_size: int = field(default=32, metadata={"ge": 1})
-    """Samples per forward/backward on one rank."""
+    """Samples per forward/backward on one rank (when ``micro_batch_tokens`` is null)."""
+    micro_batch_tokens: int | None = field(default=None, metadata={"ge": 1})
+    """Token budget of a micro-batch instead of a sample count: each rank's share of a
+    mini-batch is packed, longest sequences first, into micro-batches of at most this many
+    padded tokens (rows x longest sequence); a longer sequence gets a micro-batch of its own;
+    every rank runs the same number of micro-batches (learner/batch.py ``plan_microbatches``).
+    null = ``micro_batch_size`` samples each."""
     mini_batch_size: int | None = field(default=256, metadata={"ge": 1})
     """At most this many samples per optimizer step (over all ranks): a step's batch of n
     samples makes ceil(n / mini_batch_size) equal mini-batches, one optimizer step each; null =
@@ -111,6 +118,28 @@ class LearnerConfig:
     tis_cap: float | None = field(default=2.0, metadata={"ge": 1.0})
     """Truncated importance-sampling cap in ``recompute`` mode (authors' code, TRL: 2.0);
     null = recompute without importance weights."""
+    logits: str = field(default="chunked", metadata={"choices": LOGITS_MODES})
+    """How log-probs and entropy are computed (learner/logprobs.py): ``chunked`` runs the
+    decoder, then the output embedding and softmax over pieces of ``logits_chunk_tokens``
+    positions (never the whole [B, T, V] logits; response tokens only); ``full`` takes the
+    model's logits. A model whose logits are not lm_head(hidden) falls back to ``full`` (logged
+    with the reason)."""
+    logits_chunk_tokens: int = field(default=CHUNK_TOKENS, metadata={"ge": 1})
+    """Positions per piece of the logits: the peak logits memory is ~ this x vocabulary x 18
+    bytes (2,048 x 152k: ~5.6 GB; the full [32, 4096, 152k] logits are ~40 GB in bf16)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer in the backward pass (transformers' non-reentrant
+    checkpointing): activation memory of one layer instead of all. transformers checkpoints only
+    in training mode, so the model is put in ``train()`` mode (dropout as its config sets; 0 for
+    Llama/Qwen2-style models)."""
+    attn_implementation: str | None = field(
+        default=None, metadata={"choices": ("eager", "sdpa", "flash_attention_2")}
+    )
+    """transformers' attention kernel for the learner (``from_pretrained``); null = its default."""
+    dtype: str | None = field(default=None, metadata={"choices": ("float32", "bfloat16")})
+    """Learner weights and activations; null = ``model.dtype`` (what the engines use; float32 on
+    the CPU default). ``bfloat16`` turns on DeepSpeed's bf16 mode: bf16 forward/backward, fp32
+    master weights and Adam state in the optimizer, fp32 gradient accumulation (ZeRO 1-3)."""
     num_cpus_per_rank: float = field(default=1.0, metadata={"ge": 0.0})
     num_gpus_per_rank: float = field(default=0.0, metadata={"ge": 0.0})
     timeout_s: float = field(default=900.0, metadata={"gt": 0.0})

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from learner import checkpoint
-from learner.batch import TrainBatch, shard_by_tokens
+from learner.batch import MicroBatch, TrainBatch, plan_microbatches, shard_by_tokens
 from learner.config import LearnerConfig, minibatch_problem
 from learner.loss import LossConfig
 from learner.rank import LearnerRank
@@ -63,29 +63,40 @@ class LearnerGroup:
             what="starting DeepSpeed learner ranks",
         )
 
-    def _minibatches(self, batch: TrainBatch) -> tuple[list[list[TrainBatch]], list]:
-        """Per rank, its mini-batches; and each mini-batch's global (tokens, sequences)."""
+    def _minibatches(self, batch: TrainBatch) -> tuple[list[list[TrainBatch]], list, list]:
+        """Per rank, its mini-batches and their micro-batch plans (as many micro-batches and
+        logits pieces on every rank: learner/batch.py); each mini-batch's global (tokens,
+        sequences)."""
         n, k = len(batch), self.cfg.num_ranks
         problem = minibatch_problem(n, self.cfg.mini_batch_size, k)
         if problem:
             raise ValueError(problem)
         size = n // -(-n // (self.cfg.mini_batch_size or n))  # n / ceil(n / mini_batch_size)
         per_rank: list[list[TrainBatch]] = [[] for _ in range(k)]
+        plans: list[list[list[MicroBatch]]] = [[] for _ in range(k)]
         totals = []
         for start in range(0, n, size):
             mini = batch.select(list(range(start, start + size)))
-            for r, rows in enumerate(shard_by_tokens(mini, k)):
-                per_rank[r].append(mini.select(rows))
+            shards = [mini.select(rows) for rows in shard_by_tokens(mini, k)]
+            planned = plan_microbatches(
+                shards,
+                micro_batch_size=self.cfg.micro_batch_size,
+                micro_batch_tokens=self.cfg.micro_batch_tokens,
+                chunk_tokens=self.cfg.logits_chunk_tokens,
+            )
+            for r in range(k):
+                per_rank[r].append(shards[r])
+                plans[r].append(planned[r])
             totals.append((float(max(mini.num_tokens, 1)), float(size)))
-        return per_rank, totals
+        return per_rank, totals, plans
 
     def train_on(self, batch: TrainBatch) -> dict[str, float]:
         """The PPO update on a ready batch (``ppo_epochs`` passes). Loss terms are token means
         over every epoch and rank; counts and grad norms cover every optimizer step."""
-        per_rank, totals = self._minibatches(batch)
+        per_rank, totals, plans = self._minibatches(batch)
         ranks = get(
             [
-                r.train.remote(per_rank[i], totals, self.cfg.ppo_epochs)
+                r.train.remote(per_rank[i], totals, plans[i], self.cfg.ppo_epochs)
                 for i, r in enumerate(self.ranks)
             ],
             timeout_s=self.cfg.timeout_s,

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from learner.batch import TrainBatch
+from learner.batch import MicroBatch, TrainBatch
 from learner.config import LearnerConfig
-from learner.logprobs import token_logprobs
+from learner.logprobs import CHUNK_TOKENS, logits_problem, model_logprobs
 from learner.loss import LOG_RATIO_CLAMP, LossConfig, LossOutput, policy_loss
+from learner.policy import deepspeed_config, learner_dtype, load_policy
 
 
 @dataclass
@@ -92,19 +93,31 @@ def microbatch_loss(
     total_tokens: float,
     total_seqs: float,
     reference=None,
+    logits: str = "chunked",
+    chunk_tokens: int = CHUNK_TOKENS,
+    chunks: int | None = None,
 ) -> tuple[LossOutput, torch.Tensor]:
-    """Forward ``mb`` through ``model`` (a DeepSpeed engine or any causal LM), score its tokens
-    at ``temperature`` and return the policy loss of this piece of a mini-batch (with the
-    mini-batch's global counts) and the current log-probs ``[B, T]``."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-    logp, entropy = token_logprobs(logits, mb.input_ids, temperature=temperature, with_entropy=True)
+    """Forward ``mb`` through ``model`` (a DeepSpeed engine or any causal LM, on its device),
+    score its response tokens at ``temperature`` (learner/logprobs.py: ``logits`` mode, pieces of
+    ``chunk_tokens`` positions, ``chunks`` pieces when given) and return the policy loss of this
+    piece of a mini-batch (with the mini-batch's global counts) and the current log-probs
+    ``[B, T]`` (0 outside the response)."""
+    if cfg.aggregation == "seq-mean-token-sum-norm" and cfg.norm_len is None:
+        raise ValueError("loss.norm_len must be set (the max response length) for Dr. GRPO")
+    mb = mb.to(model.device)
+    score = dict(
+        temperature=temperature,
+        logits=logits,
+        chunk_tokens=chunk_tokens,
+        token_mask=mb.response_mask,
+    )
+    logp, entropy = model_logprobs(
+        model, mb.input_ids, mb.attention_mask, with_entropy=True, chunks=chunks, **score
+    )
     ref_logp = None
     if reference is not None:
         with torch.no_grad():
-            ref_logits = reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        ref_logp, _ = token_logprobs(ref_logits, mb.input_ids, temperature=temperature)
-    if cfg.aggregation == "seq-mean-token-sum-norm" and cfg.norm_len is None:
-        raise ValueError("loss.norm_len must be set (the max response length) for Dr. GRPO")
+            ref_logp, _ = model_logprobs(reference, mb.input_ids, mb.attention_mask, **score)
     out = policy_loss(
         logp,
         mb.old_logprobs,
@@ -144,7 +157,9 @@ class LearnerRank:
         temperature: float = 1.0,
     ):
         self.rank, self.world_size, self.cfg, self.loss_cfg = rank, world_size, cfg, loss
-        self.model_path, self.dtype, self.temperature = model_path, dtype, temperature
+        self.model_path, self.temperature = model_path, temperature
+        self.dtype = learner_dtype(cfg, dtype)  # learner.dtype, else the model's
+        self.logits = cfg.logits  # "full" after init if the model needs it
         torch.set_num_threads(max(1, int(cfg.num_cpus_per_rank)))
 
     def address(self) -> tuple[str, int]:
@@ -155,7 +170,7 @@ class LearnerRank:
 
     def init(self, master_addr: str, master_port: int) -> int:
         import deepspeed
-        from transformers import AutoModelForCausalLM
+        import torch.distributed as dist
 
         os.environ.update(
             MASTER_ADDR=master_addr,
@@ -167,9 +182,7 @@ class LearnerRank:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         deepspeed.init_distributed(dist_backend=backend)
         torch.manual_seed(self.cfg.seed)
-        model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=getattr(torch, self.dtype)
-        )
+        model = load_policy(self.model_path, self.cfg, self.dtype)
         optimizer = torch.optim.AdamW(
             model.parameters(),
             lr=self.cfg.lr,
@@ -181,47 +194,53 @@ class LearnerRank:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
-        ds_config = {
-            "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
-            "gradient_accumulation_steps": 1,
-            "managed_gradient_accumulation": False,  # step() is the boundary we choose
-            "gradient_clipping": self.cfg.grad_clip,
-            "zero_optimization": {"stage": self.cfg.zero_stage},
-            "zero_allow_untested_optimizer": True,
-            "bf16": {"enabled": self.dtype == "bfloat16"},
-            "steps_per_print": 10**9,
-        }
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=deepspeed_config(self.cfg, self.dtype),
         )
+        if self.logits == "chunked":
+            # Every rank checks (a forward pass: ZeRO-3 gathers) and all take the full path if
+            # any rank must (the two paths call the output embedding a different number of times).
+            problem = logits_problem(self.engine)
+            flag = torch.tensor([float(problem is not None)], device=self.engine.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                self.logits = "full"
+                print(f"learner: learner.logits=chunked falls back to full logits: {problem}")
         # A frozen reference policy for the KL term, only when it is used (kl_coef > 0): a full
         # replica per rank (fine for small models; large ones want a ZeRO-3 inference engine).
         self.reference = None
         if self.loss_cfg.kl_coef > 0:
-            self.reference = AutoModelForCausalLM.from_pretrained(
-                self.model_path, dtype=getattr(torch, self.dtype)
-            ).eval()
-            self.reference.requires_grad_(False)
+            self.reference = load_policy(self.model_path, self.cfg, self.dtype, trainable=False)
+            self.reference.to(self.engine.device).eval().requires_grad_(False)
         return self.rank
 
     def train(
-        self, minibatches: list[TrainBatch], totals: list[tuple[float, float]], epochs: int = 1
+        self,
+        minibatches: list[TrainBatch],
+        totals: list[tuple[float, float]],
+        plans: list[list[MicroBatch]],
+        epochs: int = 1,
     ) -> dict:
         """``epochs`` passes, one optimizer step per mini-batch; ``totals[i]`` = (response
-        tokens, sequences) of mini-batch i over all ranks. Returns this rank's sums over every
-        epoch (the group adds them up): see :class:`RankMetrics`."""
+        tokens, sequences) of mini-batch i over all ranks; ``plans[i]``: its micro-batches on
+        this rank (learner/batch.py ``plan_microbatches``: as many on every rank). Returns this
+        rank's sums over every epoch (the group adds them up): see :class:`RankMetrics`."""
         t0 = time.perf_counter()
         acc = RankMetrics()
         if self.cfg.old_logprobs == "recompute":
-            minibatches = [self._recompute_old(b, acc) for b in minibatches]
+            minibatches = [
+                self._recompute_old(b, acc, p) for b, p in zip(minibatches, plans, strict=True)
+            ]
         for epoch in range(epochs):
-            for i, (batch, (total_tokens, total_seqs)) in enumerate(
-                zip(minibatches, totals, strict=True)
+            for i, (batch, (total_tokens, total_seqs), plan) in enumerate(
+                zip(minibatches, totals, plans, strict=True)
             ):
                 probe = epoch == 0 and i == 0 and self.cfg.old_logprobs == "bypass"
-                for start in range(0, len(batch), self.cfg.micro_batch_size):
-                    rows = list(range(start, min(start + self.cfg.micro_batch_size, len(batch))))
-                    mb = batch.select(rows)
+                for micro in plan:
+                    mb = batch.select(micro.rows)
                     out, logp = microbatch_loss(
                         self.engine,
                         mb,
@@ -230,34 +249,49 @@ class LearnerRank:
                         total_tokens=total_tokens,
                         total_seqs=total_seqs,
                         reference=self.reference,
+                        logits=self.logits,
+                        chunk_tokens=self.cfg.logits_chunk_tokens,
+                        chunks=micro.chunks,
                     )
                     # A non-finite loss can have finite gradients (the log-ratio clamp passes
                     # none back through a NaN): scaling it by NaN makes them NaN, so the
                     # optimizer's overflow check skips the step on every rank, as for any
                     # non-finite gradient (same backward calls on every rank: no collective
                     # is left waiting).
-                    finite = math.isfinite(float(out.loss))
+                    finite = math.isfinite(float(out.loss.detach()))
                     scale = self.world_size if finite else float("nan")
                     self.engine.backward(out.loss * scale, scale_wrt_gas=False)
                     acc.add_loss(out.metrics, float(mb.response_mask.sum()))
                     if probe:  # before any update: the learner's old log-probs, for free
-                        acc.add_mismatch(logp.detach(), mb.old_logprobs, mb.response_mask, None)
+                        learner = logp.detach().cpu()
+                        acc.add_mismatch(learner, mb.old_logprobs, mb.response_mask, None)
                 self._optimizer_step(acc)
         acc.seconds = time.perf_counter() - t0
         acc.lr = self.scheduler.get_last_lr()[0]
         return dataclasses.asdict(acc)
 
     @torch.no_grad()
-    def _recompute_old(self, batch: TrainBatch, acc: RankMetrics) -> TrainBatch:
+    def _recompute_old(
+        self, batch: TrainBatch, acc: RankMetrics, plan: list[MicroBatch]
+    ) -> TrainBatch:
         """The learner's own log-probs as the old policy, and truncated IS weights
         min(exp(logp_learner - logp_engine), tis_cap) on response tokens."""
         learner_old = torch.zeros_like(batch.old_logprobs)
-        for start in range(0, len(batch), self.cfg.micro_batch_size):
-            stop = min(start + self.cfg.micro_batch_size, len(batch))
-            mb = batch.select(list(range(start, stop)))
-            logits = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            logp, _ = token_logprobs(logits, mb.input_ids, temperature=self.temperature)
-            learner_old[start:stop, : logp.shape[1]] = logp * mb.response_mask
+        for micro in plan:
+            mb = batch.select(micro.rows).to(self.engine.device)
+            logp, _ = model_logprobs(
+                self.engine,
+                mb.input_ids,
+                mb.attention_mask,
+                temperature=self.temperature,
+                logits=self.logits,
+                chunk_tokens=self.cfg.logits_chunk_tokens,
+                token_mask=mb.response_mask,
+                chunks=micro.chunks,
+            )
+            rows = torch.tensor(micro.rows)[:, None]  # [n, 1]
+            cols = torch.arange(logp.shape[1])[None, :]  # [1, width]
+            learner_old[rows, cols] = (logp * mb.response_mask).cpu()
         weights = None
         if self.cfg.tis_cap is not None:
             weights, _ = truncated_is_weights(learner_old - batch.old_logprobs, self.cfg.tis_cap)

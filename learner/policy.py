@@ -1,0 +1,73 @@
+"""How a learner rank builds its policy: dtype, transformers model, DeepSpeed config.
+
+Precision: the learner computes in ``learner.dtype`` (null = ``model.dtype``, float32 on the CPU
+default). ``bfloat16`` loads the weights in bf16 and turns on DeepSpeed's bf16 mode, in which the
+ZeRO optimizer keeps fp32 master weights and Adam state; gradients accumulate over micro-batches
+in fp32 (``data_types.grad_accum_dtype``) under ZeRO 1-3 (ZeRO-0 accepts only bf16
+accumulation). float16 is refused: it needs loss scaling, which this learner does not configure.
+
+>>> cfg = deepspeed_config(LearnerConfig(zero_stage=3), "bfloat16")
+>>> cfg["bf16"], cfg["data_types"], cfg["zero_optimization"]
+({'enabled': True}, {'grad_accum_dtype': 'fp32'}, {'stage': 3})
+>>> "data_types" in deepspeed_config(LearnerConfig(), "float32")
+False
+"""
+
+from __future__ import annotations
+
+import torch
+
+from learner.config import LearnerConfig
+
+DTYPES = ("float32", "bfloat16")
+
+
+def learner_dtype(cfg: LearnerConfig, model_dtype: str) -> str:
+    """``learner.dtype``, else the model's; a dtype the learner cannot train in is an error.
+
+    >>> learner_dtype(LearnerConfig(), "bfloat16")  # null: the model's
+    'bfloat16'
+    >>> learner_dtype(LearnerConfig(dtype="float32"), "bfloat16")
+    'float32'
+    """
+    dtype = cfg.dtype or model_dtype
+    if dtype not in DTYPES:
+        raise ValueError(
+            f"the learner cannot train in {dtype} (model.dtype): set learner.dtype to one of "
+            f"{list(DTYPES)} (float16 needs loss scaling, which the learner does not configure)"
+        )
+    return dtype
+
+
+def deepspeed_config(cfg: LearnerConfig, dtype: str) -> dict:
+    """The DeepSpeed config of a rank (``step()`` is the accumulation boundary we choose)."""
+    bf16 = dtype == "bfloat16"
+    config = {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,  # step() is the boundary we choose
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+    }
+    if bf16 and cfg.zero_stage >= 1:
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
+
+
+def load_policy(model_path: str, cfg: LearnerConfig, dtype: str, *, trainable: bool = True):
+    """The transformers causal LM in ``dtype`` with ``learner.attn_implementation``; a trainable
+    one gets ``learner.gradient_checkpointing`` (non-reentrant; in ``train()`` mode, the only
+    mode in which transformers checkpoints)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": getattr(torch, dtype)}
+    if cfg.attn_implementation is not None:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+    if trainable and cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+    return model
