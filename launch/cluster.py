@@ -46,6 +46,34 @@ errors and the project's own warnings (e.g. "vLLM is not installed: using the tr
 engine"), not every library's start-up notes."""
 
 
+LOOPBACK_ENV = {
+    # Ray on Linux resolves 127.0.0.1 to the node's IP (ray.init(_node_ip_address=...) cannot
+    # keep it); with this flag off it runs as a single-machine Ray whose node IP is 127.0.0.1,
+    # and its C++ servers (GCS, raylet, core workers) then listen on 127.0.0.1 only.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "GLOO_SOCKET_IFNAME": "lo",  # gloo's pairs (DeepSpeed on CPU, the gloo weight sync)
+    "VLLM_HOST_IP": "127.0.0.1",  # vLLM's own rendezvous address
+}
+"""The environment of a local Ray with ``cluster.listen=loopback`` (inherited by Ray's processes
+and every actor). The TCP stores the run hosts bind 127.0.0.1 themselves (rollout/collective.py
+``listen_socket``)."""
+
+
+def _listen(mode: str) -> None:
+    """Set (loopback) or clear (node) :data:`LOOPBACK_ENV` before a local Ray starts."""
+    from ray._private import ray_constants
+
+    for key, value in LOOPBACK_ENV.items():
+        if mode == "loopback":
+            os.environ[key] = value
+        elif os.environ.get(key) == value:  # ours (an earlier job of a multirun), not the user's
+            del os.environ[key]
+    # Read once at import: recompute it for this process (Ray's children read the environment).
+    ray_constants.ENABLE_RAY_CLUSTER = ray_constants.env_bool(
+        ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, not ray_constants.IS_WINDOWS_OR_OSX
+    )
+
+
 def init_ray(cfg: TrainConfig) -> None:
     import ray
 
@@ -60,6 +88,7 @@ def init_ray(cfg: TrainConfig) -> None:
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=logs)
         return
+    _listen(cfg.cluster.listen)
     need = sum(b["CPU"] for bundles in stage_bundles(cfg).values() for b in bundles)
     # +2: the driver's own remote calls and Ray's helpers never wait for a free logical CPU
     # (docs/NOTES.md: a task waiting while actors hold every CPU waits forever).

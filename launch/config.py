@@ -97,6 +97,11 @@ class ClusterConfig:
     )
     ready_timeout_s: float = field(default=300.0, metadata={"gt": 0.0})
     """Limit for the placement groups' resources to become available."""
+    listen: str = field(default="loopback", metadata={"choices": ("loopback", "node")})
+    """Local Ray only: where the run's servers listen. ``loopback``: Ray (GCS, raylet, workers,
+    its agents) and every rendezvous of the run (DeepSpeed's, the weight sync's, gloo) on
+    127.0.0.1 only, no dashboard: nothing reachable from the network. ``node``: Ray's default,
+    the node's IP (what other machines joining this Ray would need)."""
     actor_logs: bool = True
     """Actors' warnings and errors reach the driver's console (Ray's log_to_driver), with the
     libraries' own chatter turned down (launch/cluster.py: QUIET); false = actors are silent

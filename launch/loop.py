@@ -446,12 +446,17 @@ class Trainer:
             self.log(f"report: {write_report(self.run_dir)}")
 
     def shutdown(self) -> None:
+        """Stop every actor and release the placement groups (a multirun's next job reserves
+        its own on the same Ray: launch/train.py)."""
         import ray
 
         self.rollout.shutdown()
         if self.learner is not None:
             self.learner.shutdown()
         ray.kill(self.verifier)
+        for placement in self.placement.values():
+            if placement is not None:
+                ray.util.remove_placement_group(placement.group)
 
 
 def score_truncated(groups: list[Group], verdicts: list, policy: str, lowest: float) -> list:

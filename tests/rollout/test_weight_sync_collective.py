@@ -4,27 +4,23 @@ engines), checked by log-probs as the object-store transport is."""
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
 import torch
 
-from rollout.collective import Receiver, Sender, TensorSpec, open_group
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from rollout.collective import Receiver, Sender, TensorSpec, listen_socket, open_group
 
 
 def _pair(specs, bucket_bytes, send, receive_version):
     """Rank 0 sends with ``send(sender)``; rank 1 receives ``receive_version`` (threads)."""
-    port, out = _port(), {}
+    listener, out = listen_socket("127.0.0.1"), {}
+    port = listener.getsockname()[1]
 
     def rank0():
-        group, store = open_group("127.0.0.1", port, 0, 2, backend="gloo", timeout_s=20)
+        group, store = open_group(
+            "127.0.0.1", port, 0, 2, backend="gloo", timeout_s=20, listener=listener
+        )
         send(Sender(group, store, specs, bucket_bytes, "gloo"))
 
     def rank1():
