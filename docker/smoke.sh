@@ -125,6 +125,12 @@ teardown() {
     fi
     exit "$rc"
 }
+# Ray's token authentication (docker/docker-compose.yml): a fresh secret per smoke run unless one
+# is exported; it lives in this process's environment and the containers' only.
+if [[ -z ${RAY_AUTH_TOKEN:-} ]]; then
+    RAY_AUTH_TOKEN=$(python3 -c "import secrets; print(secrets.token_hex(32))")
+fi
+export RAY_AUTH_TOKEN
 trap teardown EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -246,6 +252,33 @@ fi
 
 step "cluster check from a driver container: 3 nodes, tasks on the head and on the worker"
 compose run --rm -T driver python -c "$CLUSTER_CHECK" || fail "the Ray cluster check"
+
+step "token authentication: the job API (127.0.0.1:8265) refuses a call without the token"
+python3 - <<'PY' || fail "the job API answered a call without Ray's auth token"
+import os
+import time
+import urllib.error
+import urllib.request
+
+token = os.environ["RAY_AUTH_TOKEN"]
+for attempt in range(60):  # the dashboard comes up a little after the head reports healthy
+    try:
+        urllib.request.urlopen("http://127.0.0.1:8265/api/jobs/", timeout=5)
+        raise SystemExit("HTTP 200 without a token")
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            break
+        raise SystemExit(f"HTTP {err.code} without a token (want 401/403)")
+    except (urllib.error.URLError, ConnectionError):
+        time.sleep(2)
+else:
+    raise SystemExit("the job API did not answer on 127.0.0.1:8265")
+request = urllib.request.Request(
+    "http://127.0.0.1:8265/api/jobs/", headers={"Authorization": f"Bearer {token}"}
+)
+urllib.request.urlopen(request, timeout=5)  # raises on a refusal
+print(f"without the token: HTTP {err.code}; with it: HTTP 200")
+PY
 
 # --- 5. training ---------------------------------------------------------------------------------
 

@@ -108,8 +108,14 @@ def container_port(entry) -> int:
 
 
 def no_literal(value: str | None) -> bool:
-    """True when a value is absent or only a reference to the host's variable (``${NAME}``)."""
-    return value is None or re.fullmatch(r"\$\{?[A-Za-z_][A-Za-z0-9_]*(:?-)?\}?", value) is not None
+    """True when a value is absent or only a reference to the host's variable: ``${NAME}``,
+    ``${NAME:-}`` (empty default) or ``${NAME:?message}`` (required; the message is no value).
+
+    >>> [no_literal(v) for v in (None, "$K", "${K:-}", "${K:?set K}", "${K:-abc}", "abc")]
+    [True, True, True, True, False, False]
+    """
+    ref = r"\$\{?[A-Za-z_][A-Za-z0-9_]*(:?-|:?\?[^}]*)?\}?"
+    return value is None or re.fullmatch(ref, value) is not None
 
 
 def secret_name(name: str) -> bool:
@@ -418,7 +424,18 @@ def test_no_secret_has_a_value(path):
                 assert no_literal(value), f"{path.name}: {name}: {var} has a literal value"
         assert "env_file" not in service, f"{path.name}: {name}: env_file"
     text = path.read_text()
-    assert not re.search(r"(?i)(api_key|token|secret|password)\s*[=:]\s*['\"]?\w{8,}", text)
+    # a value on the same line (a pass-through `WANDB_API_KEY:` ends its line)
+    assert not re.search(r"(?i)(api_key|token|secret|password)[ \t]*[=:][ \t]*['\"]?\w{8,}", text)
+
+
+def test_every_node_requires_rays_token_authentication():
+    """Ray's token auth on head, worker and driver; the token only from the host's environment
+    (required: compose refuses to start without it)."""
+    doc = load(BASE)
+    for name, service in doc["services"].items():
+        env = dict(env_items(service.get("environment")))
+        assert env.get("RAY_AUTH_MODE") == "token", name
+        assert env.get("RAY_AUTH_TOKEN", "").startswith("${RAY_AUTH_TOKEN:?"), name
 
 
 def test_wandb_key_is_only_passed_through():
@@ -737,7 +754,17 @@ def test_docker_compose_config_accepts_the_files(files):
     if client is None:
         pytest.skip("no `docker compose` / `docker-compose` client here: YAML checks only")
     args = [a for f in files for a in ("-f", str(f))]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
     run = subprocess.run(
-        [*client, *args, "config", "--quiet"], capture_output=True, text=True, timeout=60
+        [*client, *args, "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "RAY_AUTH_TOKEN": "not-a-real-token"},
     )
     assert run.returncode == 0, run.stderr
+    # without the token compose refuses, saying what to do
+    run = subprocess.run(
+        [*client, *args, "config", "--quiet"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert run.returncode != 0 and "export RAY_AUTH_TOKEN first" in run.stderr, run.stderr
