@@ -266,9 +266,10 @@ for attempt in range(60):  # the dashboard comes up a little after the head repo
         urllib.request.urlopen("http://127.0.0.1:8265/api/jobs/", timeout=5)
         raise SystemExit("HTTP 200 without a token")
     except urllib.error.HTTPError as err:
-        if err.code in (401, 403):
+        refused = err.code
+        if refused in (401, 403):
             break
-        raise SystemExit(f"HTTP {err.code} without a token (want 401/403)")
+        raise SystemExit(f"HTTP {refused} without a token (want 401/403)")
     except (urllib.error.URLError, ConnectionError):
         time.sleep(2)
 else:
@@ -277,7 +278,7 @@ request = urllib.request.Request(
     "http://127.0.0.1:8265/api/jobs/", headers={"Authorization": f"Bearer {token}"}
 )
 urllib.request.urlopen(request, timeout=5)  # raises on a refusal
-print(f"without the token: HTTP {err.code}; with it: HTTP 200")
+print(f"without the token: HTTP {refused}; with it: HTTP 200")
 PY
 
 # --- 5. training ---------------------------------------------------------------------------------

@@ -526,6 +526,49 @@ class CheckpointFailed(RuntimeError):
     """Writing a checkpoint failed; the message names the newest intact one."""
 
 
+EMERGENCY = "emergency.json"
+
+
+def emergency_note(run_dir: Path, err: BaseException, resume: str) -> str:
+    """After a failure the run cannot survive (a learner rank died: its ZeRO shards and
+    optimizer state are gone; a stage failed beyond its restarts; ...): write
+    ``<run_dir>/emergency.json`` (the error, the last step logged, the newest checkpoint that
+    passes its manifest check, the command that continues the run) and return the message for
+    the console. Nothing is written into the checkpoints; ``metrics.jsonl`` keeps every row up
+    to the failed step (a resume truncates it to the checkpoint's step)."""
+    root = run_dir / "checkpoints"
+    intact, refused = None, []
+    for folder in reversed(checkpoint.checkpoints(root) if root.is_dir() else []):
+        try:
+            checkpoint.verify(folder)
+        except checkpoint.CheckpointError as bad:
+            refused.append(str(bad))
+            continue
+        intact = folder
+        break
+    metrics = run_dir / "metrics.jsonl"
+    steps = (
+        [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+        if (metrics.exists())
+        else []
+    )
+    note = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "error": f"{type(err).__name__}: {err}",
+        "last_step_logged": max(steps, default=None),
+        "checkpoint": str(intact) if intact else None,
+        "checkpoints_refused": refused,
+        "resume": resume if intact else None,
+    }
+    (run_dir / EMERGENCY).write_text(json.dumps(note, indent=1) + "\n")
+    where = (
+        f"the newest intact checkpoint is {intact}; continue with: {resume}"
+        if intact
+        else "no intact checkpoint exists: a rerun starts from step 0"
+    )
+    return f"error: the run failed ({note['error']}); {where} (details: {run_dir / EMERGENCY})"
+
+
 RESUME_FREE = (
     "trainer.total_steps", "trainer.resume", "trainer.run_dir", "trainer.eval_every",
     "trainer.save_every", "trainer.keep_checkpoints", "trainer.resume_allow_changes",

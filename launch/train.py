@@ -67,7 +67,8 @@ def main(raw: DictConfig) -> None:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     print(f"run directory: {run_dir}", flush=True)
 
-    from launch.loop import CheckpointFailed, Stopped, Trainer
+    from launch.config import ConfigError
+    from launch.loop import CheckpointFailed, Stopped, Trainer, emergency_note
 
     resume = " ".join(["python -m launch.train", *sys.argv[1:], "trainer.resume=auto"])
     with exit_on_config_error(), stop_on_signals() as stop:
@@ -81,6 +82,14 @@ def main(raw: DictConfig) -> None:
             sys.exit(128 + signal.Signals[err.reason].value)
         except CheckpointFailed as err:
             print(f"error: {err}\nfree space, then continue with: {resume}", file=sys.stderr)
+            sys.exit(1)
+        except ConfigError:
+            raise  # a refused resume: one line, exit 2 (exit_on_config_error)
+        except Exception as err:  # noqa: BLE001 - e.g. a learner rank died: nothing to restart
+            import traceback
+
+            traceback.print_exc()
+            print(emergency_note(run_dir, err, resume), file=sys.stderr, flush=True)
             sys.exit(1)
         finally:
             trainer.shutdown()

@@ -504,3 +504,37 @@ def test_killed_rollout_and_verifier_actors_are_restarted_and_the_run_is_unchang
         }, step
     assert faults(b[4]) == {"fault/actor_restarts": 2.0, **faults(b[4])}
     assert "restarting" in stderr + stdout
+
+
+@pytest.mark.slow
+def test_a_dead_learner_rank_ends_the_run_with_an_emergency_note_and_resume_continues(
+    tmp_path, tiny_model_dir, whole_run
+):
+    """SIGKILL a DeepSpeed rank once step 2 (checkpointed) is logged: its shards and optimizer
+    state are gone, so the run ends (exit 1, not hanging in the live rank's collective) with an
+    emergency note naming the intact step-2 checkpoint and the resume command; no process of the
+    run remains; resume=auto then reproduces the uninterrupted run's steps 3-4 exactly."""
+    model = fast_tiny_overrides(tiny_model_dir)
+    run = tmp_path / "run"
+    proc = start_train(run, *model, *HF_RUN)
+    wait_for_row(proc, run, 2, time.monotonic() + 600)
+    while not (run / "checkpoints" / "latest").exists():  # written right after the row
+        time.sleep(0.05)
+    _kill_actor(proc.pid, "LearnerRank")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1, stderr[-3000:]
+    note = json.loads((run / "emergency.json").read_text())
+    assert note["checkpoint"].endswith("step_000002") and note["checkpoints_refused"] == []
+    assert "died" in note["error"] and note["resume"].endswith("trainer.resume=auto")
+    assert "continue with:" in stderr and "emergency.json" in stderr
+    deadline = time.monotonic() + 30
+    while _session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _session_processes(proc.pid) == []
+
+    stdout = run_train(run, *model, *HF_RUN, "trainer.resume=auto")
+    assert "at step 2" in stdout
+    a, b = rows(whole_run), rows(run)
+    assert sorted(b) == [0, 1, 2, 3, 4]
+    for step in (3, 4):
+        assert deterministic(b[step]) == deterministic(a[step])

@@ -84,3 +84,34 @@ def test_placement_groups_can_be_turned_off():
     assert reserve(cfg) == {"rollout": None, "verifier": None, "learner": None}
     # evaluation reserves no learner
     assert reserve(cfg, ("rollout", "verifier")) == {"rollout": None, "verifier": None}
+
+
+class _Member:
+    def block(self, seconds: float) -> str:
+        import time
+
+        time.sleep(seconds)  # like a live DeepSpeed rank waiting in a collective for a dead peer
+        return "done"
+
+    def die(self) -> None:
+        import os
+
+        os._exit(1)
+
+
+@pytest.mark.slow
+def test_get_stops_at_the_first_death_not_at_the_slowest_call(ray_cluster):
+    """One call blocks for 120 s, its peer's actor dies: ``get`` raises the death at once (well
+    before the 120 s, which is also below its own 300 s limit), naming what failed. (ray.get
+    aborts on the first failed object; the learner relies on it: when one DeepSpeed rank dies,
+    the live ones block in a collective until their own timeout.)"""
+    import time
+
+    from rollout.actors import ActorGroupError, get
+
+    slow, doomed = spawn_actor_group(_Member, 2, num_cpus=0.25)
+    t0 = time.monotonic()
+    with pytest.raises(ActorGroupError, match="training step: an actor died"):
+        get([slow.block.remote(120), doomed.die.remote()], timeout_s=300, what="training step")
+    assert time.monotonic() - t0 < 60
+    ray.kill(slow)
