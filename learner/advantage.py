@@ -1,4 +1,4 @@
-r"""Group-relative advantage estimators: GRPO, Dr. GRPO, RLOO and AVSPO, looked up by name.
+r"""Group-relative advantage estimators: GRPO, Dr. GRPO, RLOO, AVSPO and DCPO, looked up by name.
 
 Notation (DESIGN.md section 4): group j holds the real rewards R_j = (r_j1..r_jG) of one prompt's
 G samples (G may differ between groups). ``std`` is the unbiased std unless ``unbiased=False``.
@@ -12,6 +12,9 @@ A group is *collapsed* when ``sigma_pop(R_j) < tau`` or G = 1 (see ``diagnostics
   K_j virtual rewards V_j joined to its statistics (paper Eq. 8-10, 13-14):
   A_ji = (r_ji - mean(R_j u V_j)) / (std(R_j u V_j) + eps), real samples only;
   K_j = max(1, min(G_j, ceil(G_j * ACR_t ** alpha))), or a fixed ``k`` (clipped to [1, G_j]).
+- ``dcpo``: DCPO's smooth advantage standardisation (:func:`dcpo_advantages`): GRPO's
+  advantage and one against every reward the prompt got so far, blended by the visit count,
+  the smaller magnitude kept; needs each group's prompt key (per-prompt state, checkpointed).
 - ``avspo_release``: the authors' released rule (their TRL fork): as ``grpo`` with eps = 1e-4,
   except that when *every* reward of the step equals r_lo (or every one equals r_hi), each group
   gets one virtual sample of the opposite label (r_hi, or r_lo) joined to its statistics.
@@ -398,10 +401,83 @@ def avspo_release_advantages(
     )
 
 
+def dcpo_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    history: list[tuple[int, int, float, float] | None],
+    *,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+    tau: float = 1e-6,
+) -> tuple[AdvantageResult, list[tuple[int, int, float, float]]]:
+    r"""DCPO's smooth advantage standardisation (SAS; Yang et al. 2025, arXiv 2509.02333, and
+    its code, lime-RL/DCPO ``compute_dcpo_outcome_advantage``).
+
+    ``history[j]``: group j's prompt before this step, ``(visits, n, mean, m2)`` of every reward
+    it got so far (None: first visit). With i = visits including this one, per sample:
+
+    - A_new = (r - mean(R_j)) / (std(R_j) + eps), 0 if the group is collapsed now (as GRPO);
+    - A_total = (r - mean_total) / (std_total + eps) over all n + G_j rewards of the prompt
+      (earlier visits and this group), 0 if those are collapsed too (pop. std < tau);
+    - SA_1 = A_total / i + (1 - 1/i) A_new,  SA_2 = A_new / i + (1 - 1/i) A_total;
+    - A = SA_1 if |SA_1| < |SA_2| else SA_2 (the smaller magnitude; a tie takes SA_2).
+
+    So a group collapsed now still gets (1/i or (i-1)/i of) its history's signal. Returns the
+    result (``augmented``: groups collapsed now that got a non-zero advantage from history) and
+    each group's updated ``(visits, n, mean, m2)``.
+
+    Where we chose: mean_total and std_total are the exact pooled statistics of all the prompt's
+    rewards (Chan's update of (n, mean, m2)); the authors' code pools per-visit means and
+    unbiased stds with equal weights (the same for equal group sizes, up to the std's degrees of
+    freedom). ``unbiased`` applies to both stds, as GRPO's ``algorithm.unbiased_std``.
+
+    Worked example (tests pin it): a prompt's 3rd visit, G = 4, R = [1, 0, 0, 0] after [1, 0, 0, 0]
+    and [1, 1, 0, 0]: A_new = 1.5 / -0.5; 4 of 12 correct: A_total = 1.3540 / -0.6770;
+    SA = 1.4027 (SA_2) for the correct sample, -0.5590 (SA_1) for the others.
+
+    >>> r = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    >>> res, new = dcpo_advantages(r, torch.zeros(4, dtype=torch.long), [(2, 8, 0.375, 1.875)])
+    >>> [round(a, 4) for a in res.advantages.tolist()], new
+    ([1.4027, -0.559, -0.559, -0.559], [(3, 12, 0.3333333333333333, 2.6666666666666665)])
+    """
+    stats = collapse_stats(rewards, group_ids, tau=tau)
+    m = stats.groups.num
+    if len(history) != m:
+        raise ValueError(f"{len(history)} prompt histories for {m} groups")
+    dtype = stats.mean.dtype
+    size = stats.groups.size.to(dtype)
+    prior = [h or (0, 0, 0.0, 0.0) for h in history]
+    visits = torch.tensor([p[0] + 1 for p in prior], dtype=dtype)  # i, this visit included
+    n0 = torch.tensor([p[1] for p in prior], dtype=dtype)
+    mean0 = torch.tensor([p[2] for p in prior], dtype=dtype)
+    m2_0 = torch.tensor([p[3] for p in prior], dtype=dtype)
+    n = n0 + size
+    delta = stats.mean - mean0
+    mean_t = mean0 + delta * size / n
+    m2_t = m2_0 + stats.m2 + delta * delta * n0 * size / n
+    collapsed_t = torch.sqrt(m2_t / n) < tau
+    r = rewards.to(dtype)
+    denom_new = _grpo_denom(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
+    a_new = _apply(r, stats, stats.mean, denom_new)
+    dof_t = (n - 1 if unbiased else n).clamp(min=1)
+    a_tot = _apply(r, stats, mean_t, _zero_where(torch.sqrt(m2_t / dof_t) + eps, collapsed_t))
+    w = (1.0 / visits)[stats.groups.index]  # [N] 1/i of each sample's group
+    sa_1 = w * a_tot + (1 - w) * a_new
+    sa_2 = w * a_new + (1 - w) * a_tot
+    advantages = torch.where(sa_1.abs() < sa_2.abs(), sa_1, sa_2)
+    nonzero = torch.zeros(m, dtype=torch.bool)
+    nonzero[stats.groups.index[advantages != 0]] = True  # [M] a sample got a signal
+    augmented = stats.collapsed & nonzero
+    updated = [(int(visits[j]), int(n[j]), float(mean_t[j]), float(m2_t[j])) for j in range(m)]
+    result = _result(stats, advantages, augmented=augmented, triggered=bool(augmented.any()))
+    return result, updated
+
+
 # ---------------------------------------------------------------------------------------------
 # Registry: every estimator has the signature fn(rewards, group_ids, cfg, *, tau_adapt,
-# reward_range, generator) -> AdvantageResult, where cfg is an AlgorithmConfig. The caller looks
-# the name up and never special-cases one.
+# reward_range, generator, history) -> AdvantageResult, where cfg is an AlgorithmConfig and
+# history a PromptHistory (per-prompt state, for the estimators that keep one) or None. The
+# caller looks the name up and never special-cases one.
 
 Estimator = Callable[..., AdvantageResult]
 ESTIMATORS: dict[str, Estimator] = {}
@@ -427,22 +503,22 @@ def get_estimator(name: str) -> Estimator:
 
 
 @register_estimator("grpo")
-def _grpo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
+def _grpo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
     return grpo_advantages(rewards, group_ids, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau)
 
 
 @register_estimator("dr_grpo")
-def _dr_grpo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
+def _dr_grpo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
     return grpo_advantages(rewards, group_ids, scale_by_std=False, tau=cfg.tau)
 
 
 @register_estimator("rloo")
-def _rloo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
+def _rloo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
     return rloo_advantages(rewards, group_ids, tau=cfg.tau)
 
 
 @register_estimator("avspo")
-def _avspo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
+def _avspo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
     a = cfg.avspo
     return avspo_advantages(
         rewards,
@@ -461,7 +537,7 @@ def _avspo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
 
 
 @register_estimator("avspo_release")
-def _avspo_release(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator):
+def _avspo_release(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
     # tau_adapt and the trigger play no part: the release fires only on a whole-step collapse.
     return avspo_release_advantages(
         rewards,
@@ -471,3 +547,51 @@ def _avspo_release(rewards, group_ids, cfg, *, tau_adapt, reward_range, generato
         reward_range=reward_range,
         unbiased=cfg.unbiased_std,
     )
+
+
+@dataclass
+class PromptHistory:
+    """Per-prompt state an estimator keeps across steps (DCPO): ``stats[key]`` by prompt key,
+    JSON-serialisable (checkpointed by the advantage stage); ``keys``: this call's group keys,
+    in group order, set by the caller."""
+
+    stats: dict[str, list] = field(default_factory=dict)
+    keys: list[str] | None = None
+
+
+@register_estimator("dcpo")
+def _dcpo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
+    if history is None or history.keys is None:
+        raise ValueError("the dcpo estimator needs each group's prompt key (its history)")
+    # A prompt twice in one step: its second group sees the first one's update.
+    prior = [history.stats.get(k) for k in history.keys]
+    if len(set(history.keys)) == len(history.keys):
+        result, updated = dcpo_advantages(
+            rewards, group_ids, prior, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau
+        )
+        for key, state in zip(history.keys, updated, strict=True):
+            history.stats[key] = list(state)
+        return result
+    return _dcpo_sequential(rewards, group_ids, cfg, history)
+
+
+def _dcpo_sequential(rewards, group_ids, cfg, history) -> AdvantageResult:
+    """DCPO when a prompt occurs in more than one group of a step: one group at a time."""
+    stats = collapse_stats(rewards, group_ids, tau=cfg.tau)
+    index = stats.groups.index
+    advantages = torch.zeros_like(rewards, dtype=stats.mean.dtype)
+    augmented = torch.zeros(stats.groups.num, dtype=torch.bool)
+    for j, key in enumerate(history.keys):
+        rows = (index == j).nonzero().squeeze(-1)
+        res, (state,) = dcpo_advantages(
+            rewards[rows],
+            torch.zeros(len(rows), dtype=torch.long),
+            [history.stats.get(key)],
+            eps=cfg.eps,
+            unbiased=cfg.unbiased_std,
+            tau=cfg.tau,
+        )
+        advantages[rows] = res.advantages
+        augmented[j] = bool(res.augmented[0])
+        history.stats[key] = list(state)
+    return _result(stats, advantages, augmented=augmented, triggered=bool(augmented.any()))

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from diagnostics.acr import ACRMonitor, MonitorConfig
-from learner.advantage import AdvantageResult, get_estimator
+from learner.advantage import AdvantageResult, PromptHistory, get_estimator
 from learner.batch import TrainBatch, build_batch
 from learner.config import AlgorithmConfig
 from learner.trigger import make_trigger
@@ -66,13 +66,18 @@ class AdvantageStage:
         self.trigger = make_trigger(cfg.trigger)
         self.generator = torch.Generator().manual_seed(seed)  # `random` virtual rewards only
         self.monitor = ACRMonitor(monitor, tau=cfg.tau, r_lo=self.reward_range[0])
+        self.history = PromptHistory()  # per-prompt estimator state (DCPO), checkpointed
         self.pad_id, self.max_response_len = pad_id, max_response_len
         if cfg.overlong.shaping and max_response_len is None:
             raise ValueError("overlong shaping needs max_response_len")
 
-    def __call__(self, rewards: Tensor, group_ids: Tensor) -> tuple[AdvantageResult, dict]:
-        """Advantages of one step, and its ``avspo/*`` metrics; then the trigger updates."""
+    def __call__(
+        self, rewards: Tensor, group_ids: Tensor, prompt_keys: list[str] | None = None
+    ) -> tuple[AdvantageResult, dict]:
+        """Advantages of one step, and its ``avspo/*`` metrics; then the trigger updates.
+        ``prompt_keys``: each group's prompt (estimators with per-prompt state need them)."""
         tau_adapt = self.trigger.tau_adapt
+        self.history.keys = prompt_keys
         result = self.estimator(
             rewards,
             group_ids,
@@ -80,6 +85,7 @@ class AdvantageStage:
             tau_adapt=tau_adapt,
             reward_range=self.reward_range,
             generator=self.generator,
+            history=self.history,
         )
         self.trigger.observe(result.acr, float(rewards.double().mean()))
         n_aug = int(result.augmented.sum())
@@ -123,7 +129,12 @@ class AdvantageStage:
             keep = torch.tensor(trained, dtype=torch.bool)
         rows = keep[group_ids]  # [N] samples that are trained
         train_ids = torch.arange(int(keep.sum())).repeat_interleave(sizes[keep])
-        result, metrics = self(rewards[rows], train_ids)
+        keys = (
+            None
+            if prompt_keys is None
+            else [k for k, t in zip(prompt_keys, keep.tolist(), strict=True) if t]
+        )
+        result, metrics = self(rewards[rows], train_ids, keys)
         advantages = torch.zeros_like(rewards)  # groups left out of training: no gradient
         advantages[rows] = result.advantages.to(rewards.dtype)
         metrics |= self.monitor.update(
@@ -150,14 +161,18 @@ class AdvantageStage:
         return batch, metrics
 
     def state_dict(self) -> dict:
-        """JSON-serialisable: trigger state, the virtual-sample RNG and the ACR monitor."""
+        """JSON-serialisable: trigger state, the virtual-sample RNG, the ACR monitor and the
+        per-prompt estimator state."""
         return {
             "trigger": self.trigger.state_dict(),
             "generator": self.generator.get_state().tolist(),
             "monitor": self.monitor.state_dict(),
+            "prompt_history": {k: list(v) for k, v in self.history.stats.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.trigger.load_state_dict(state["trigger"])
         self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
         self.monitor.load_state_dict(state["monitor"])
+        saved = state.get("prompt_history", {})  # absent in checkpoints before DCPO
+        self.history.stats = {k: list(v) for k, v in saved.items()}

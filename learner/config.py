@@ -65,7 +65,7 @@ class AlgorithmConfig:
     name: str = "avspo"
     """Preset name, for logs and run directories."""
     estimator: str = field(default="avspo", metadata={"choices": lambda: tuple(ESTIMATORS)})
-    """Registered advantage estimator: grpo | dr_grpo | rloo | avspo | avspo_release."""
+    """Registered advantage estimator: grpo | dr_grpo | rloo | avspo | avspo_release | dcpo."""
     eps: float = field(default=1e-6, metadata={"ge": 0.0})
     """Added to the std in GRPO-style normalisation (ours; TRL uses 1e-4)."""
     tau: float = field(default=1e-6, metadata={"ge": 0.0})

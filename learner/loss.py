@@ -12,6 +12,15 @@ weight, 1 unless given):
     kl_t  = exp(ref - logp) - (ref - logp) - 1               (k3 estimator of KL(pi || ref))
     l_t   = pg_t + kl_coef * kl_t - entropy_coef * H_t
 
+With ``clip_mode="dynamic"`` (DCPO's dynamic-adaptive clipping, arXiv 2509.02333 and its code)
+the bounds depend on the old probability q_t = exp(old_t) of the sampled token: the ratio must
+satisfy |r (r - 1)| <= eps / q_t, i.e.
+
+    low_t  = 0.5 + 0.5 * sqrt(max(1 - 4 * clip_low / q_t, 0))
+    high_t = min(0.5 + 0.5 * sqrt(1 + 4 * clip_high / q_t), clip_ratio_max)   (10, as DCPO)
+
+so rare tokens may move further than likely ones (q = 1: [0.8, 1.171] at DCPO's 0.16/0.2).
+
 then aggregated over the response mask:
 
 - ``token-mean`` (default): sum_i,t l_t / total_tokens
@@ -47,6 +56,7 @@ from torch import Tensor
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0
+CLIP_MODES = ("fixed", "dynamic")
 
 
 @dataclass
@@ -58,6 +68,11 @@ class LossConfig:
     """Upper clip; DAPO's clip-higher uses 0.28."""
     clip_ratio_c: float | None = field(default=3.0, metadata={"gt": 1.0})
     """Dual-clip constant for negative advantages (verl's default 3; null = off)."""
+    clip_mode: str = field(default="fixed", metadata={"choices": CLIP_MODES})
+    """``fixed`` (PPO: [1 - clip_low, 1 + clip_high]) or ``dynamic`` (DCPO: bounds from each
+    token's old probability, module docstring)."""
+    clip_ratio_max: float = field(default=10.0, metadata={"gt": 1.0})
+    """Ceiling of the dynamic upper bound (DCPO: 10)."""
     aggregation: str = field(default="token-mean", metadata={"choices": AGGREGATIONS})
     norm_len: int | None = field(default=None, metadata={"ge": 1})
     """Constant denominator of seq-mean-token-sum-norm (Dr. GRPO); null = the configured max
@@ -105,6 +120,22 @@ def aggregate(
     raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {AGGREGATIONS}")
 
 
+def dynamic_clip_bounds(
+    old_logprobs: Tensor, clip_low: float, clip_high: float, ratio_max: float = 10.0
+) -> tuple[Tensor, Tensor]:
+    """DCPO's per-token ratio bounds from the old log-probs (module docstring).
+
+    >>> q = torch.tensor([1.0, 0.5, 0.01, 0.001])
+    >>> low, high = dynamic_clip_bounds(q.log(), 0.16, 0.2)
+    >>> [round(x, 4) for x in low.tolist()], [round(x, 4) for x in high.tolist()]
+    ([0.8, 0.5, 0.5, 0.5], [1.1708, 1.3062, 5.0, 10.0])
+    """
+    q = torch.exp(old_logprobs.float()).clamp(min=1e-12)
+    low = 0.5 + 0.5 * torch.sqrt((1.0 - 4.0 * clip_low / q).clamp(min=0.0))
+    high = (0.5 + 0.5 * torch.sqrt(1.0 + 4.0 * clip_high / q)).clamp(max=ratio_max)
+    return low.to(old_logprobs.dtype), high.to(old_logprobs.dtype)
+
+
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
@@ -118,6 +149,8 @@ def policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     clip_ratio_c: float | None = 3.0,
+    clip_mode: str = "fixed",
+    clip_ratio_max: float = 10.0,
     aggregation: str = "token-mean",
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
@@ -136,7 +169,13 @@ def policy_loss(
     log_ratio = torch.clamp(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     surr = -advantages * ratio
-    surr_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    if clip_mode == "dynamic":
+        low, high = dynamic_clip_bounds(old_logprobs.detach(), clip_low, clip_high, clip_ratio_max)
+        surr_clipped = -advantages * torch.clamp(ratio, low, high)
+    elif clip_mode == "fixed":
+        surr_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    else:
+        raise ValueError(f"unknown clip_mode {clip_mode!r}; expected one of {CLIP_MODES}")
     pg = torch.maximum(surr, surr_clipped)
     if clip_ratio_c is not None:
         pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * clip_ratio_c), pg)

@@ -127,6 +127,8 @@ def microbatch_loss(
         clip_low=cfg.clip_low,
         clip_high=cfg.clip_high,
         clip_ratio_c=cfg.clip_ratio_c,
+        clip_mode=cfg.clip_mode,
+        clip_ratio_max=cfg.clip_ratio_max,
         aggregation=cfg.aggregation,
         norm_len=cfg.norm_len,
         ref_logprobs=ref_logp,
