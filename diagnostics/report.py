@@ -4,14 +4,21 @@ A run directory holds ``metrics.jsonl`` (required: one JSON object per line with
 metric values, null for non-finite ones; step 0 is the evaluation before any update; a resumed
 run may repeat a step, and then the step's *last* row wins), ``config.yaml`` (optional, the
 resolved config) and ``prompt_history.json`` (optional, the ACR monitor's per-prompt history).
+:func:`load_run` also reads other trainers' logs, a TRL ``trainer_state.json`` (or a directory
+holding one) and a verl file-logger ``.jsonl``, into the same structure (diagnostics/external.py
+says which keys); such a run is named ``trl:<dir>`` / ``verl:<file stem>``.
 
 :func:`summarize`, over the steps that log each metric: start accuracy = ``eval/accuracy`` at
 step 0; final = at the last evaluated step t >= 1; best = max over all evaluations; ACR100 = the
 last logged ``acr/acr100``, else the mean of ``acr/raw`` over steps 1..100 (``acr.early_steps``;
 a running mean for a shorter run, as the monitor does), and the steps it covers = the last
 logged ``acr/acr100_steps``, else the number of steps 1..100 that log ``acr/raw`` (a run shorter
-than 100 steps is flagged wherever ACR100 is shown); means of ``acr/raw``, ``acr/high``,
-``acr/low``, ``acr/effective``, ``acr/wasted_token_frac``; trigger rate = mean of
+than 100 steps is flagged wherever ACR100 is shown). A log whose rows average several steps
+(TRL: ``log/steps_averaged`` = w, the row at step t stands for steps t-w+1..t) weights each row's
+``acr/raw`` by its steps inside 1..100 and counts those steps (a row straddling step 100 counts
+for its steps up to 100, its mean taken as theirs). Means of ``reward/mean``, ``acr/raw``,
+``acr/high``, ``acr/low``, ``acr/effective``, ``acr/wasted_token_frac``, each row weighted by w
+(our runs log every step, w = 1: plain means); trigger rate = mean of
 ``avspo/triggered``; timing share of part p = sum_t ``timing_s/p`` / sum_t ``timing_s/step``.
 
 Cross-run (:func:`write_cross_run`): least squares of final accuracy *in percent* (our accuracies
@@ -32,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from diagnostics.external import ExternalRun, RunDataError, find_format, load_external
 from diagnostics.plots import PAPER_INTERCEPT, PAPER_R2, PAPER_SLOPE, PLOTS, plot_cross, plot_run
 from diagnostics.runs import Run, early_warning_step
 
@@ -39,18 +47,19 @@ PAPER_LINE = f"accuracy (%) = 51.4 - 29.6 x ACR100, R^2 = {PAPER_R2} (arXiv 2605
 TIMING_PARTS = ("generate", "verify", "advantage", "learner", "weight_sync")
 
 
-class RunDataError(ValueError):
-    """A run directory whose data cannot be read; the message names the file (and line)."""
-
-
 # --- loading ---------------------------------------------------------------------------------
 
 
 def load_run(run_dir: str | Path) -> Run:
-    """Read a run directory; raise :class:`RunDataError` naming the file (and line) on bad data."""
+    """Read a run directory, or a TRL / verl log (:func:`~diagnostics.external.find_format`);
+    raise :class:`RunDataError` naming the file (and line or entry) on bad data."""
     path = Path(run_dir)
+    if not path.exists():
+        raise RunDataError(f"{path}: {'no such file' if path.suffix else 'no such directory'}")
+    if find_format(path) is not None:
+        return load_external(path)
     if not path.is_dir():
-        raise RunDataError(f"{path}: {'not a directory' if path.exists() else 'no such directory'}")
+        raise RunDataError(f"{path}: not a directory (nor a TRL .json or verl .jsonl log)")
     return Run(
         path=path,
         rows=_load_metrics(path / "metrics.jsonl"),
@@ -61,7 +70,10 @@ def load_run(run_dir: str | Path) -> Run:
 
 def _load_metrics(path: Path) -> dict[int, dict[str, float]]:
     if not path.is_file():
-        raise RunDataError(f"{path}: missing (a run directory must hold metrics.jsonl)")
+        raise RunDataError(
+            f"{path}: missing (a run directory must hold metrics.jsonl; or give a TRL "
+            "trainer_state.json, a directory holding one, or a verl file-logger .jsonl)"
+        )
     rows: dict[int, dict[str, float]] = {}
     for lineno, raw in enumerate(_read(path).splitlines(), start=1):
         if raw.strip():
@@ -159,6 +171,13 @@ def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
+def _step_mean(run: Run, key: str) -> float | None:
+    """Mean of ``key`` over steps: each row weighted by the steps it averages (1 for our runs)."""
+    w = [run.rows[s].get("log/steps_averaged", 1.0) for s in run.series(key)[0]]
+    values = run.series(key)[1]
+    return math.fsum(x * v for x, v in zip(w, values, strict=True)) / math.fsum(w) if w else None
+
+
 def summarize(run: Run) -> dict:
     """The run's headline numbers (module docstring); a value is None where nothing was logged."""
     acc_steps, acc = run.series("eval/accuracy")
@@ -177,7 +196,7 @@ def summarize(run: Run) -> dict:
         "final_accuracy_step": trained[-1][0] if trained else None,
         "best_accuracy": best[0],
         "best_accuracy_step": best[1],
-        "mean_reward": _mean(run.series("reward/mean")[1]),
+        "mean_reward": _step_mean(run, "reward/mean"),
         "trigger_rate": _mean(trig),
         "triggers": sum(v > 0.5 for v in trig),
         "final_tau_adapt": (run.series("avspo/tau_adapt")[1] or [None])[-1],
@@ -185,7 +204,7 @@ def summarize(run: Run) -> dict:
     }
     out["acr100"], out["acr100_source"], out["acr100_steps"], out["acr100_window"] = _acr100(run)
     for name in ("raw", "high", "low", "effective", "wasted_token_frac"):
-        out[f"mean_acr_{name}"] = _mean(run.series(f"acr/{name}")[1])
+        out[f"mean_acr_{name}"] = _step_mean(run, f"acr/{name}")
     for name in ("error", "timeout"):
         out[f"mean_verifier_{name}_frac"] = _mean(run.series(f"reward/verifier_{name}_frac")[1])
     out["time_per_step_s"], out["timing_share"] = _timing(run)
@@ -195,15 +214,22 @@ def summarize(run: Run) -> dict:
 def _acr100(run: Run) -> tuple[float | None, str | None, int | None, int]:
     """(ACR100, where it came from, steps it covers, the window ``acr.early_steps``)."""
     early = int(_cfg(run.config, "acr.early_steps", 100))
-    first = [v for s, v in zip(*run.series("acr/raw"), strict=True) if 1 <= s <= early]
+    first = []  # (value, its steps inside 1..early)
+    for s, v in zip(*run.series("acr/raw"), strict=True):
+        w = int(run.rows[s].get("log/steps_averaged", 1))
+        inside = min(s, early) - max(s - w, 0)
+        if inside > 0:
+            first.append((v, inside))
     counted = run.series("acr/acr100_steps")[1]
-    steps = int(counted[-1]) if counted else (len(first) or None)
+    steps = int(counted[-1]) if counted else (sum(n for _, n in first) or None)
     logged = run.series("acr/acr100")[1]
     if logged:
         return logged[-1], "logged acr/acr100", steps, early
     if not first:
         return None, None, None, early
-    return _mean(first), f"mean acr/raw over steps 1..{early}", steps, early
+    value = math.fsum(v * n for v, n in first) / sum(n for _, n in first)
+    weighted = " (each logged mean weighted by its steps)" if any(n != 1 for _, n in first) else ""
+    return value, f"mean acr/raw over steps 1..{early}{weighted}", steps, early
 
 
 def acr100_coverage(s: dict, *, always: bool = True) -> str | None:
@@ -324,7 +350,10 @@ def _paper_text(s: dict) -> str:
     return text + " Its models and tasks differ from this run's: a reference, not a target."
 
 
-def _prompt_lines(history: dict | None) -> list[str]:
+def _prompt_lines(run: Run) -> list[str]:
+    history = run.prompt_history
+    if isinstance(run, ExternalRun):
+        return [f"_No per-prompt history: {run.source} does not log one._"]
     if history is None:
         return ["_No prompt_history.json in the run directory._"]
     counts, prompts = history["summary"], history["prompts"]
@@ -342,11 +371,17 @@ def _prompt_lines(history: dict | None) -> list[str]:
     return lines
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Write ``report.md`` and its PNG plots into ``run_dir``; return the report's path."""
-    run = load_run(run_dir)
+def write_report(run_dir: str | Path | Run) -> Path:
+    """Write ``report.md`` and its PNG plots into the run's directory (``run.path``; for a verl
+    log ``<stem>_report/`` beside it); return the report's path. Takes a path or a loaded run."""
+    run = run_dir if isinstance(run_dir, Run) else load_run(run_dir)
+    run.path.mkdir(parents=True, exist_ok=True)
     s, notes = summarize(run), plot_run(run)
     what = [f"{k} {s[k]}" for k in ("algorithm", "task", "model", "seed") if s[k] is not None]
+    if isinstance(run, ExternalRun):
+        what = [
+            f"read from the {run.source} log {run.source_file}; {'; '.join(run.notes.values())}"
+        ]
     lines = [
         f"# Run report: {run.name}", "",
         f"{', '.join(what) or 'no config.yaml'}; last step {s['last_step']} of "
@@ -357,7 +392,7 @@ def write_report(run_dir: str | Path) -> Path:
     for name, title, _ in PLOTS:
         shown = f"![{title}]({name})" if notes[name] is None else f"_Skipped: {notes[name]}._"
         lines += [f"### {title}", "", shown, ""]
-    lines += ["## Prompts", "", *_prompt_lines(run.prompt_history), ""]
+    lines += ["## Prompts", "", *_prompt_lines(run), ""]
     path = run.path / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
@@ -367,15 +402,21 @@ def write_report(run_dir: str | Path) -> Path:
 
 
 def _labels(runs: list[Run]) -> list[str]:
-    """Run names; paths below the runs' common parent where names alone would repeat."""
+    """Run names; paths below the runs' common parent where names alone would repeat (after
+    ``trl:`` / ``verl:`` for other trainers' runs)."""
     names = [r.name for r in runs]
     if len(set(names)) == len(names):
         return names
+    named = [r.origin if isinstance(r, ExternalRun) and r.origin else r.path for r in runs]
     try:
-        base = os.path.commonpath([str(r.path.resolve().parent) for r in runs])
+        base = os.path.commonpath([str(p.resolve().parent) for p in named])
+        paths = [os.path.relpath(p.resolve(), base) for p in named]
     except ValueError:  # different drives
-        return [str(r.path) for r in runs]
-    return [os.path.relpath(r.path.resolve(), base) for r in runs]
+        paths = [str(p) for p in named]
+    return [
+        f"{r.source}:{p}" if isinstance(r, ExternalRun) else p
+        for r, p in zip(runs, paths, strict=True)
+    ]
 
 
 def _cross_fit(points: list[tuple[str, float, float]]) -> tuple[tuple | None, str]:
@@ -446,7 +487,10 @@ def write_cross_run(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
         if acr100_coverage(s, always=False):
             short.append((label, s))
         if s["acr100"] is None or s["final_accuracy"] is None:
-            left_out.append(f"{label} (no {'ACR100' if s['acr100'] is None else 'final accuracy'})")
+            why = f"no {'ACR100' if s['acr100'] is None else 'final accuracy'}"
+            if isinstance(run, ExternalRun) and s["acr100"] is not None:
+                why = run.notes.get("no_accuracy", why)  # the reader says why
+            left_out.append(f"{label} ({why})")
         else:
             points.append((label, s["acr100"], 100 * s["final_accuracy"]))
     fit, sentence = _cross_fit(points)

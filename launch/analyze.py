@@ -6,6 +6,12 @@ against ACR100 with the fitted line and R^2, beside the paper's line, into ``--o
 the common parent of the run directories, else the current directory). Prints where the files
 went and one line per run. Every run is read before anything is written; a missing directory or
 unreadable data exits with status 2 and one line naming the file (and line).
+
+A RUN_DIR may also be another trainer's log (diagnostics/external.py): a TRL
+``trainer_state.json`` or a directory holding one (or its ``checkpoint-N/`` folders), shown as
+``trl:<dir>``, with its report written into that directory; or a verl file-logger ``.jsonl``,
+shown as ``verl:<file stem>``, with its report in ``<stem>_report/`` beside the file. OpenRLHF's
+wandb / TensorBoard logs carry no per-step collapse figure and are refused with that reason.
 """
 
 from __future__ import annotations
@@ -31,7 +37,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Write report.md and plots for each run directory; with 2+ runs, also the "
         "cross-run fit of final accuracy against ACR100.",
     )
-    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    parser.add_argument(
+        "run_dirs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="a run directory of this project, a TRL trainer_state.json (or its directory) or a "
+        "verl file-logger .jsonl",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -74,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = [load_run(d) for d in args.run_dirs]  # every run is readable before any writing
         for run in runs:
-            print(f"{write_report(run.path)}\n  {one_line(summarize(run))}")
+            print(f"{write_report(run)}\n  {one_line(summarize(run))}")
         if len(runs) >= 2:
             out = args.out or common_parent(args.run_dirs)
             print(f"cross-run analysis of {len(runs)} runs: {write_cross_run(args.run_dirs, out)}")
