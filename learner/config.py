@@ -13,6 +13,7 @@ from learner.advantage import ESTIMATORS, STRATEGIES
 from learner.logprobs import CHUNK_TOKENS, LOGITS_MODES
 from learner.loss import LossConfig
 from learner.trigger import TriggerConfig
+from reward.intrinsic import IntrinsicRewardConfig
 
 
 @dataclass
@@ -78,6 +79,21 @@ class AlgorithmConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    reward: IntrinsicRewardConfig = field(default_factory=IntrinsicRewardConfig)
+    """Reward sources and their weights: the verifier, INTUITOR's self-certainty, RENT's
+    negative entropy (reward/intrinsic.py)."""
+
+    def check(self) -> str | None:
+        r = self.reward
+        if r.verifier == 0.0 and not r.intrinsic:
+            return "reward: every weight is 0 (verifier, self_certainty, neg_entropy)"
+        if r.intrinsic and self.dynamic_sampling.enabled:
+            return (
+                "dynamic_sampling.enabled: DAPO's filter judges groups by the verifier's score, "
+                "before the intrinsic rewards exist; not supported with reward.self_certainty "
+                "or reward.neg_entropy"
+            )
+        return None
 
 
 @dataclass

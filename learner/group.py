@@ -13,6 +13,8 @@ import math
 import shutil
 from pathlib import Path
 
+import torch
+
 from learner import checkpoint
 from learner.batch import MicroBatch, TrainBatch, plan_microbatches, shard_by_tokens
 from learner.config import LearnerConfig, minibatch_problem
@@ -124,6 +126,27 @@ class LearnerGroup:
             "perf/learner_tokens": tokens / self.cfg.ppo_epochs,
             "timing_s/update": max(m["seconds"] for m in ranks),
         }
+
+    def intrinsic(self, batch: TrainBatch) -> torch.Tensor:
+        """``[N, 2]``: each sample's mean response-token entropy and self-certainty under the
+        current policy (reward/intrinsic.py), the rows sharded over the ranks by tokens."""
+        shards = shard_by_tokens(batch, self.cfg.num_ranks)
+        parts = [batch.select(rows) for rows in shards]
+        plans = plan_microbatches(
+            parts,
+            micro_batch_size=self.cfg.micro_batch_size,
+            micro_batch_tokens=self.cfg.micro_batch_tokens,
+            chunk_tokens=self.cfg.logits_chunk_tokens,
+        )
+        got = get(
+            [r.score.remote(p, plan) for r, p, plan in zip(self.ranks, parts, plans, strict=True)],
+            timeout_s=self.cfg.timeout_s,
+            what="intrinsic rewards",
+        )
+        out = torch.zeros(len(batch), 2)
+        for rows, values in zip(shards, got, strict=True):
+            out[rows] = values
+        return out
 
     def export_weights(self, every_rank: bool = False) -> list:
         """Full state dicts (rank 0's, or every rank's); every rank takes part (ZeRO-3)."""

@@ -125,10 +125,23 @@ def num_chunks(positions: int, chunk_tokens: int) -> int:
     return max(1, -(-positions // chunk_tokens))
 
 
-def _head_chunk(head, hidden: Tensor, targets: Tensor, temperature, softcap, with_entropy):
+def _intrinsic(logits: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """Per position of ``logits [..., V]`` at ``temperature``: the entropy H(p) and the
+    self-certainty KL(U || p) = -log V - mean_v log p_v (INTUITOR), both fp32, in nats."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    certainty = -math.log(logits.shape[-1]) - logp_all.mean(-1)
+    return entropy, certainty
+
+
+def _head_chunk(
+    head, hidden: Tensor, targets: Tensor, temperature, softcap, with_entropy, intrinsic=False
+):
     logits = head(hidden)  # [c, V] model dtype
     if softcap is not None:  # Gemma 2/3: cap * tanh(logits / cap), in the model dtype as HF does
         logits = torch.tanh(logits / softcap) * softcap
+    if intrinsic:
+        return _intrinsic(logits, temperature)
     lp, ent = _chunk(logits, targets, temperature, with_entropy)
     return (lp, ent) if with_entropy else (lp,)
 
@@ -147,8 +160,10 @@ def _chunked_forward(
     temperature: float,
     with_entropy: bool,
     chunks: int,
+    intrinsic: bool = False,
 ) -> tuple[Tensor, ...]:
-    """(logp [B, T], entropy [B, T]) or (logp,): decoder, then output embedding in pieces."""
+    """(logp [B, T], entropy [B, T]) or (logp,): decoder, then output embedding in pieces;
+    ``intrinsic``: (entropy, self-certainty) instead (:func:`model_intrinsic`)."""
     b, t = input_ids.shape
     hidden = module.get_decoder()(
         input_ids=input_ids, attention_mask=attention_mask, use_cache=False
@@ -166,7 +181,7 @@ def _chunked_forward(
     head, softcap = module.get_output_embeddings(), _softcap(module)
     pieces = []
     for h, y in zip(flat.tensor_split(chunks), targets.tensor_split(chunks), strict=True):
-        args = (head, h, y, temperature, softcap, with_entropy)
+        args = (head, h, y, temperature, softcap, with_entropy, intrinsic)
         pieces.append(
             checkpoint(_head_chunk, *args, use_reentrant=False) if grad else _head_chunk(*args)
         )
@@ -249,6 +264,51 @@ def model_logprobs(
     with _forward_as(module, forward):
         outs = model(input_ids=input_ids, attention_mask=attention_mask)
     return outs[0], (outs[1] if with_entropy else None)
+
+
+@torch.no_grad()
+def model_intrinsic(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    token_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    logits: str = "chunked",
+    chunk_tokens: int = CHUNK_TOKENS,
+    chunks: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(entropy [B, T], self_certainty [B, T])`` of the distributions that predicted each
+    token where ``token_mask [B, T]`` is set (0 elsewhere and at position 0), under ``model`` at
+    ``temperature``, without gradient: the intrinsic rewards of INTUITOR and RENT
+    (reward/intrinsic.py). Same ``logits`` modes and ``chunks`` contract as
+    :func:`model_logprobs` (the chunked path never builds the [B, T, V] logits)."""
+    if logits == "full":
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        b, t = input_ids.shape
+        width = max(1, chunk_tokens // max(b, 1))
+        parts = [_intrinsic(out[:, s : min(s + width, t - 1)], temperature)
+                 for s in range(0, t - 1, width)]  # fmt: skip
+        pad = lambda xs: torch.nn.functional.pad(  # noqa: E731
+            torch.cat(xs, 1) if xs else out.new_zeros(b, 0, dtype=torch.float32), (1, 0)
+        )
+        keep = token_mask != 0
+        ent, cert = pad([p[0] for p in parts]), pad([p[1] for p in parts])
+        return torch.where(keep, ent, 0.0), torch.where(keep, cert, 0.0)
+    if logits not in LOGITS_MODES:
+        raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
+    if chunks is None:
+        chunks = num_chunks(scored_positions(token_mask, tuple(input_ids.shape)), chunk_tokens)
+    module = _unwrap(model)
+
+    def forward(input_ids, attention_mask):
+        return _chunked_forward(
+            module, input_ids, attention_mask, token_mask, temperature, False, chunks, True
+        )
+
+    with _forward_as(module, forward):
+        ent, cert = model(input_ids=input_ids, attention_mask=attention_mask)
+    return ent, cert
 
 
 def logits_problem(model, *, tolerance: float = 1e-2) -> str | None:

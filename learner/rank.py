@@ -30,7 +30,7 @@ import torch
 
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import LearnerConfig
-from learner.logprobs import CHUNK_TOKENS, logits_problem, model_logprobs
+from learner.logprobs import CHUNK_TOKENS, logits_problem, model_intrinsic, model_logprobs
 from learner.loss import LOG_RATIO_CLAMP, LossConfig, LossOutput, policy_loss
 from learner.policy import deepspeed_config, learner_dtype, load_policy
 
@@ -293,6 +293,32 @@ class LearnerRank:
         acc.seconds = time.perf_counter() - t0
         acc.lr = self.scheduler.get_last_lr()[0]
         return dataclasses.asdict(acc)
+
+    @torch.no_grad()
+    def score(self, shard: TrainBatch, plan: list[MicroBatch]) -> torch.Tensor:
+        """``[n, 2]``: per row of ``shard``, the mean over its response tokens of the entropy
+        and of the self-certainty of the current policy at the sampling temperature (the
+        intrinsic rewards: reward/intrinsic.py). ``plan``: as many micro-batches and logits
+        pieces on every rank (ZeRO-3 gathers)."""
+        from reward.intrinsic import response_means
+
+        out = torch.zeros(len(shard), 2)
+        for micro in plan:
+            mb = shard.select(micro.rows).to(self.engine.device)
+            ent, cert = model_intrinsic(
+                self.engine,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.response_mask,
+                temperature=self.temperature,
+                logits=self.logits,
+                chunk_tokens=self.cfg.logits_chunk_tokens,
+                chunks=micro.chunks,
+            )
+            mask = mb.response_mask
+            out[micro.rows, 0] = response_means(ent, mask).cpu()
+            out[micro.rows, 1] = response_means(cert, mask).cpu()
+        return out
 
     @torch.no_grad()
     def _recompute_old(

@@ -46,3 +46,24 @@ def test_dcpo_three_steps_keeps_per_prompt_history_in_the_checkpoint(tmp_path, t
     # each of the 8 prompts visited once per step: visits 3, n = 3 x group size
     assert len(history) == 8
     assert {v[0] for v in history.values()} == {3}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["intuitor", "rent"])
+def test_intrinsic_reward_presets_three_steps(tmp_path, tiny_model_dir, algorithm):
+    """algorithm=intuitor / rent: the learner scores every sample before the update, the
+    step's reward is that score alone (verifier weight 0), ACR uses the preset's tau, and the
+    held-out accuracy is still the verifier's (evaluated at the end)."""
+    run_dir = tmp_path / algorithm
+    run_train(run_dir, *fast_tiny_overrides(tiny_model_dir), *SHORT, f"algorithm={algorithm}")
+    got = rows(run_dir)
+    for step in (1, 2, 3):
+        r = got[step]
+        cert, ent = r["reward/self_certainty_mean"], r["reward/entropy_mean"]
+        assert cert > 0 and ent > 0  # KL(U || p) > 0 and H > 0 for a non-degenerate policy
+        # the reward is the intrinsic score alone (float32 rewards vs float64 means)
+        want = cert if algorithm == "intuitor" else -ent
+        assert r["reward/mean"] == pytest.approx(want, rel=1e-5)
+        assert 0.0 <= r["reward/verifier_mean"] <= 1.0
+        assert math.isfinite(r["actor/pg_loss"]) and 0.0 <= r["acr/raw"] <= 1.0
+    assert 0.0 <= got[3]["eval/accuracy"] <= 1.0
