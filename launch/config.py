@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from diagnostics.acr import MonitorConfig
 from launch.model_config import ModelConfig
+from launch.sampler import SAMPLERS
 from learner.config import AlgorithmConfig, LearnerConfig, minibatch_problem
 from reward.pool import PoolConfig
 from reward.tasks import TaskConfig
@@ -70,6 +71,25 @@ class TrainerConfig:
     """Checkpoint every this many steps (and at the last step); 0 = only at the last step."""
     prompts_per_step: int = field(default=64, metadata={"ge": 1})
     """Prompts sampled per step; each gets rollout.n_samples samples (one group)."""
+    prompt_sampler: str = field(default="uniform", metadata={"choices": SAMPLERS})
+    """How prompts are drawn (launch/sampler.py). ``uniform``: seeded passes over the train
+    split, each prompt once per pass. ``collapse_aware``: weighted draws without replacement,
+    weight ``max(sampler_floor, p ** (1 / sampler_temperature))`` with p the Beta-posterior mean
+    chance that the prompt's group is mixed (not collapsed), from its discounted history: prompts
+    that were always or never solved are drawn less (GRESO's idea, arXiv 2506.02177), with no
+    extra rollouts. The ``sampler_*`` keys act only with ``collapse_aware``."""
+    sampler_prior: float = field(default=1.0, metadata={"gt": 0.0})
+    """Beta(a, a) prior pseudo-counts of mixed and collapsed groups: an unseen prompt has p = 1/2;
+    a larger a needs more history before a prompt's weight moves."""
+    sampler_floor: float = field(default=0.05, metadata={"gt": 0.0, "le": 1.0})
+    """Least weight of any prompt (weights are in [floor, 1]): each draw picks a prompt with
+    probability >= floor / train prompts, so none is starved."""
+    sampler_temperature: float = field(default=1.0, metadata={"gt": 0.0})
+    """The weight is p ** (1 / temperature): below 1 sharpens the preference for mixed prompts,
+    large values make the draw uniform."""
+    sampler_decay: float = field(default=0.99, metadata={"gt": 0.0, "le": 1.0})
+    """Per-step discount of a prompt's collapse counts (1 = never forget; 0.99 halves evidence in
+    ~69 steps), so a prompt judged under an older policy drifts back to the prior."""
     run_dir: str | None = None
     """Holds metrics.jsonl, report.md, plots, checkpoints; null = Hydra's output directory."""
     resume: str | None = None

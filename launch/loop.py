@@ -12,6 +12,8 @@ and every RNG state are in the checkpoint). Every generate call gets its own see
 the rollout group derives one per worker (rollout/seeding.py). With
 ``algorithm.dynamic_sampling.enabled`` (DAPO), collapsed groups are dropped and more prompts
 generated, for at most ``max_rounds`` rounds per step; the advantage stage still sees them all.
+Prompts come from ``trainer.prompt_sampler`` (launch/sampler.py: uniform passes, or weighted by
+each prompt's collapse history, which the sampler gets after every step).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import functools
 import hashlib
 import json
 import os
-import random
 import time
 from pathlib import Path
 
@@ -42,40 +43,18 @@ from launch.cluster import init_ray, reserve
 from launch.config import ConfigError, TrainConfig
 from launch.heldout import evaluate
 from launch.prompts import render
+from launch.sampler import PromptSampler as PromptSampler  # re-exported (older imports)
+from launch.sampler import make_sampler, mixed_token_share
 from learner import checkpoint
-from learner.advantage_stage import AdvantageStage
+from learner.advantage_stage import AdvantageStage, overlong_penalty
+from learner.batch import build_batch
 from reward.actor import VerifierActor
+from reward.intrinsic import mix_rewards
 from reward.tasks import Problem, Task, TaskConfig, make_task
 from reward.verifiers import Verdict
 from rollout.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
 from rollout.seeding import derive_seed
 from rollout.types import Group
-
-
-class PromptSampler:
-    """Seeded passes over the train split, reshuffled each epoch; its state is checkpointed."""
-
-    def __init__(self, problems: list[Problem], seed: int):
-        self.problems, self.rng, self.order, self.pos = problems, random.Random(seed), [], 0
-
-    def next(self, k: int) -> list[Problem]:
-        out = []
-        while len(out) < k:
-            if self.pos >= len(self.order):
-                self.order, self.pos = list(range(len(self.problems))), 0
-                self.rng.shuffle(self.order)
-            out.append(self.problems[self.order[self.pos]])
-            self.pos += 1
-        return out
-
-    def state_dict(self) -> dict:
-        version, internal, gauss = self.rng.getstate()
-        return {"order": self.order, "pos": self.pos, "rng": [version, list(internal), gauss]}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.order, self.pos = list(state["order"]), int(state["pos"])
-        version, internal, gauss = state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
 
 
 @dataclasses.dataclass
@@ -130,7 +109,8 @@ class Trainer:
         if learner and self.resume_from is not None:  # before any actor starts
             saved = checkpoint.read_state(self.resume_from).get("run")
             allowed = cfg.trainer.resume_allow_changes
-            problem = resume_problem(saved, self.fingerprint(), allowed)
+            defaults = json.loads(json.dumps(dataclasses.asdict(TrainConfig()), default=str))
+            problem = resume_problem(saved, self.fingerprint(), allowed, defaults)
             if problem:
                 raise ConfigError(f"trainer.resume: {problem}")
         sampling = cfg.rollout.sampling
@@ -169,7 +149,7 @@ class Trainer:
                 placement=placement["learner"],
             )
         self.rollout.wait_ready()
-        self.sampler = PromptSampler(self.task.train, cfg.trainer.seed)
+        self.sampler = make_sampler(self.task.train, cfg.trainer)
         self.accuracy_start: float | None = None
 
     def _resolve_resume(self) -> Path | None:
@@ -307,6 +287,52 @@ class Trainer:
             }
         return Rollouts(problems, groups, verdicts, trained, metrics)
 
+    def mix_rewards(self, r: Rollouts) -> tuple[list, dict[str, float]]:
+        """The step's rewards by ``algorithm.reward``: the verifier's scores as they are, or
+        mixed with the policy's self-certainty / negative entropy (INTUITOR, RENT:
+        reward/intrinsic.py), which the learner scores before the update (one no-gradient
+        forward of the step's samples). Verdict reasons stay (the monitor counts them)."""
+        mix = self.cfg.algorithm.reward
+        if not mix.intrinsic and mix.verifier == 1.0:
+            return r.verdicts, {}
+        scores = torch.tensor([float(v.score) for v in r.verdicts])
+        entropy = certainty = torch.zeros_like(scores)
+        if mix.intrinsic:
+            scored = build_batch(r.groups, torch.zeros_like(scores), pad_id=self.stage.pad_id)
+            both = self.learner.intrinsic(scored)
+            entropy, certainty = both[:, 0], both[:, 1]
+        rewards = mix_rewards(scores, entropy, certainty, mix).tolist()
+        pairs = zip(r.verdicts, rewards, strict=True)
+        verdicts = [dataclasses.replace(v, score=x) for v, x in pairs]
+        return verdicts, {
+            "reward/verifier_mean": float(scores.double().mean()),
+            "reward/self_certainty_mean": float(certainty.double().mean()),
+            "reward/entropy_mean": float(entropy.double().mean()),
+        }
+
+    def observe_collapse(self, r: Rollouts, verdicts: list) -> dict[str, float]:
+        """Which of the step's groups collapsed, as the ACR monitor counts them (the rewards it
+        sees: after ``algorithm.reward`` mixing and ``algorithm.overlong`` shaping; threshold
+        ``algorithm.tau``; every generated group): handed to the prompt sampler (its collapse
+        history) and measured as ``rollout/mixed_token_share``, the share of the step's response
+        tokens that are in mixed (non-collapsed) groups."""
+        algo = self.cfg.algorithm
+        sizes = torch.tensor([len(g.samples) for g in r.groups])
+        group_ids = torch.arange(len(r.groups)).repeat_interleave(sizes)  # [N]
+        lengths = torch.tensor([len(s.response_ids) for g in r.groups for s in g.samples])  # [N]
+        rewards = torch.tensor([float(v.score) for v in verdicts], dtype=torch.float32)  # [N]
+        if algo.overlong.shaping:
+            rewards = rewards + overlong_penalty(
+                lengths,
+                max_len=self.cfg.rollout.sampling.max_new_tokens,
+                buffer_len=algo.overlong.buffer_len,
+                factor=algo.overlong.penalty_factor,
+            )
+        collapsed = collapse_stats(rewards, group_ids, tau=algo.tau).collapsed.tolist()
+        self.sampler.update([p.uid for p in r.problems], collapsed)
+        tokens = [sum(len(s.response_ids) for s in g.samples) for g in r.groups]
+        return {"rollout/mixed_token_share": mixed_token_share(tokens, collapsed)}
+
     def sync_weights(self, version: int) -> None:
         """Learner rank 0's weights -> every engine (never via the driver), by
         ``rollout.weight_sync``: the object store or a collective broadcast."""
@@ -316,9 +342,11 @@ class Trainer:
         t0 = time.perf_counter()
         r = self.collect(step)
         t1 = time.perf_counter()
+        verdicts, mixed = self.mix_rewards(r)
         batch, metrics = self.stage.process(
-            r.groups, r.verdicts, prompt_keys=[p.uid for p in r.problems], trained=r.trained
+            r.groups, verdicts, prompt_keys=[p.uid for p in r.problems], trained=r.trained
         )
+        metrics |= mixed | self.observe_collapse(r, verdicts)
         t2 = time.perf_counter()
         metrics |= self.learner.train_on(batch)
         t3 = time.perf_counter()
@@ -427,7 +455,14 @@ class Trainer:
         state = self.learner.load_checkpoint(str(self.resume_from))
         step = int(state["step"])
         self.stage.load_state_dict(state["advantage_stage"])
-        self.sampler.load_state_dict(state["extra"]["sampler"])
+        sampler = state["extra"]["sampler"]
+        if sampler.get("sampler", "uniform") == self.sampler.kind:
+            self.sampler.load_state_dict(sampler)
+        else:  # trainer.prompt_sampler changed (trainer.resume_allow_changes): start it afresh
+            self.log(
+                f"the checkpoint's prompt sampler is {sampler.get('sampler', 'uniform')}: the "
+                f"{self.sampler.kind} sampler starts afresh"
+            )
         self.accuracy_start = state["extra"]["accuracy_start"]
         self.sync_weights(step)
         truncate_metrics(self.run_dir / "metrics.jsonl", step)
@@ -587,9 +622,13 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def resume_problem(saved: dict | None, now: dict, allowed: list[str]) -> str | None:
+def resume_problem(
+    saved: dict | None, now: dict, allowed: list[str], defaults: dict | None = None
+) -> str | None:
     """Why a run may not continue a checkpoint: the keys whose values differ (beyond
-    :data:`RESUME_FREE` and ``allowed``), or different training data. None when it may.
+    :data:`RESUME_FREE` and ``allowed``), or different training data. None when it may. A key
+    the checkpoint's run did not have yet (added to the trainer since) counts as its value in
+    ``defaults`` (the config dataclasses' defaults, which keep the old behaviour).
 
     >>> a = {"config": {"learner": {"lr": 1e-6}, "trainer": {"total_steps": 5}},
     ...      "train_data_sha256": "x"}
@@ -600,12 +639,19 @@ def resume_problem(saved: dict | None, now: dict, allowed: list[str]) -> str | N
     trainer.resume_allow_changes=[learner.lr]
     >>> resume_problem(a, b, ["learner.lr"]) is None
     True
+    >>> c = {"config": {"learner": {"lr": 1e-6, "new_key": 0}, "trainer": {"total_steps": 5}},
+    ...      "train_data_sha256": "x"}
+    >>> resume_problem(a, c, [], defaults={"learner": {"new_key": 0}}) is None  # at its default
+    True
     """
     if saved is None:  # written before checkpoints recorded their run
         return None
     free = (*RESUME_FREE, *allowed)
     is_free = lambda key: any(key == f or key.startswith(f + ".") for f in free)  # noqa: E731
     old, new = _flat(saved["config"]), _flat(now["config"])
+    for key, value in _flat(defaults or {}).items():
+        if key not in old and key in new:
+            old[key] = value
     changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
     changed = [k for k in changed if not is_free(k)]
     if changed:

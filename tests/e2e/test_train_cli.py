@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from learner import checkpoint
 from reward.tasks import TaskConfig, make_task
 from tests.conftest import fast_tiny_overrides
 from tests.metric_names import SECTION5
@@ -33,6 +34,7 @@ STEP_KEYS = SECTION5 | {
     "rollout/logprob_abs_diff_max",
     "rollout/is_weight_mean",
     "rollout/is_clipped_frac",
+    "rollout/mixed_token_share",
     "timing_s/advantage",
     "timing_s/generate",
     "timing_s/verify",
@@ -347,6 +349,39 @@ def test_dapo_dynamic_sampling_with_real_actors(tmp_path, tiny_model_dir):
             assert rounds == max_rounds  # gave up only after the last round
             assert r["acr/trained"] == pytest.approx(1 - informative / per_step)
         assert r["avspo/triggered"] == 0.0  # DAPO uses GRPO advantages
+
+
+@pytest.mark.slow
+def test_collapse_aware_prompt_sampler_with_real_actors(tmp_path, tiny_model_dir):
+    """trainer.prompt_sampler=collapse_aware, 3 steps: every step logs
+    ``rollout/mixed_token_share``, equal to 1 - ``acr/raw`` when no group is collapsed or all
+    are (else strictly between 0 and 1), and the final checkpoint holds the sampler's state with
+    the history of every prompt it drew (3 x 8 groups, no extra rollouts)."""
+    run_dir = tmp_path / "sampler"
+    run_train(
+        run_dir,
+        *fast_tiny_overrides(tiny_model_dir),
+        "rollout=hf",
+        "trainer.prompt_sampler=collapse_aware",
+        "trainer.total_steps=3",
+        "trainer.prompts_per_step=8",
+        "trainer.eval_every=0",
+        "trainer.eval_pass_k=0",
+        "logger.report=false",
+    )
+    got = rows(run_dir)
+    for step in (1, 2, 3):
+        share, acr = got[step]["rollout/mixed_token_share"], got[step]["acr/raw"]
+        assert 0.0 <= share <= 1.0
+        if acr in (0.0, 1.0):
+            assert share == 1.0 - acr
+        else:
+            assert 0.0 < share < 1.0
+    state = checkpoint.read_state(run_dir / "checkpoints" / "step_000003")
+    sampler = state["extra"]["sampler"]
+    assert sampler["sampler"] == "collapse_aware" and sampler["step"] == 3
+    groups = sum(m + c for m, c, _ in sampler["stats"].values())  # discounted: <= 24
+    assert 8 <= len(sampler["stats"]) <= 24 and 0 < groups <= 24
 
 
 @pytest.mark.slow
