@@ -358,6 +358,7 @@ class Trainer:
             "timing_s/learner": t3 - t2,
             "timing_s/weight_sync": t4 - t3,  # export from the ranks + load into the engines
             "perf/generated_tokens_per_s": tokens / max(r.metrics["timing_s/generate"], 1e-9),
+            "rollout/generated_tokens": float(tokens),  # every round (DAPO), trained or not
         }
         metrics["timing_s/step"] = t4 - t0
         stages = ("generate", "verify", "advantage", "learner", "weight_sync")
