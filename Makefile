@@ -46,6 +46,8 @@ bench: setup
 	$(BIN)/python tests/benchmarks/bench_learner.py
 	$(BIN)/python tests/benchmarks/bench_learner_memory.py
 	$(BIN)/python tests/benchmarks/bench_step.py
+	$(BIN)/python tests/benchmarks/bench_weight_sync.py
+	$(BIN)/python tests/benchmarks/bench_baselines.py --num-train 128
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache
