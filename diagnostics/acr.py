@@ -153,6 +153,7 @@ class ACRMonitor:
         self.alert_step: int | None = None  # monitor step at which the early warning fired
         # prompt key -> [times seen, times collapsed high (always solved), times collapsed low]
         self.prompt_history: dict[str, list[int]] = {}
+        self.collapsed: list[bool] = []  # the last step's groups, ascending group id
 
     @property
     def acr100(self) -> float:
@@ -188,6 +189,7 @@ class ACRMonitor:
         if not reusable:
             stats = collapse_stats(rewards, group_ids, tau=self.tau, r_lo=self.r_lo)
         groups = stats.groups
+        self.collapsed = stats.collapsed.tolist()
         if advantages.shape != rewards.shape or response_lengths.shape != rewards.shape:
             raise ValueError("rewards, advantages and response_lengths must all have shape [N]")
         acr = stats.acr

@@ -46,7 +46,7 @@ from launch.prompts import render
 from launch.sampler import PromptSampler as PromptSampler  # re-exported (older imports)
 from launch.sampler import make_sampler, mixed_token_share
 from learner import checkpoint
-from learner.advantage_stage import AdvantageStage, overlong_penalty
+from learner.advantage_stage import AdvantageStage
 from learner.batch import build_batch
 from reward.actor import VerifierActor
 from reward.intrinsic import mix_rewards
@@ -310,25 +310,13 @@ class Trainer:
             "reward/entropy_mean": float(entropy.double().mean()),
         }
 
-    def observe_collapse(self, r: Rollouts, verdicts: list) -> dict[str, float]:
+    def observe_collapse(self, r: Rollouts) -> dict[str, float]:
         """Which of the step's groups collapsed, as the ACR monitor counts them (the rewards it
         sees: after ``algorithm.reward`` mixing and ``algorithm.overlong`` shaping; threshold
         ``algorithm.tau``; every generated group): handed to the prompt sampler (its collapse
         history) and measured as ``rollout/mixed_token_share``, the share of the step's response
         tokens that are in mixed (non-collapsed) groups."""
-        algo = self.cfg.algorithm
-        sizes = torch.tensor([len(g.samples) for g in r.groups])
-        group_ids = torch.arange(len(r.groups)).repeat_interleave(sizes)  # [N]
-        lengths = torch.tensor([len(s.response_ids) for g in r.groups for s in g.samples])  # [N]
-        rewards = torch.tensor([float(v.score) for v in verdicts], dtype=torch.float32)  # [N]
-        if algo.overlong.shaping:
-            rewards = rewards + overlong_penalty(
-                lengths,
-                max_len=self.cfg.rollout.sampling.max_new_tokens,
-                buffer_len=algo.overlong.buffer_len,
-                factor=algo.overlong.penalty_factor,
-            )
-        collapsed = collapse_stats(rewards, group_ids, tau=algo.tau).collapsed.tolist()
+        collapsed = self.stage.monitor.collapsed  # this step's, from AdvantageStage.process
         self.sampler.update([p.uid for p in r.problems], collapsed)
         tokens = [sum(len(s.response_ids) for s in g.samples) for g in r.groups]
         return {"rollout/mixed_token_share": mixed_token_share(tokens, collapsed)}
@@ -346,7 +334,7 @@ class Trainer:
         batch, metrics = self.stage.process(
             r.groups, verdicts, prompt_keys=[p.uid for p in r.problems], trained=r.trained
         )
-        metrics |= mixed | self.observe_collapse(r, verdicts)
+        metrics |= mixed | self.observe_collapse(r)
         t2 = time.perf_counter()
         metrics |= self.learner.train_on(batch)
         t3 = time.perf_counter()
