@@ -50,6 +50,7 @@ class TrainBatch:
     advantages: Tensor  # [B] float
     policy_version: Tensor  # [B] long
     is_weights: Tensor | None = None  # [B, T] truncated IS weights (learner recompute mode)
+    prompt_lens: Tensor | None = None  # [B] long: row r's prompt is input_ids[r, :prompt_lens[r]]
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -79,6 +80,7 @@ class TrainBatch:
             advantages=self.advantages[rows],
             policy_version=self.policy_version[rows],
             is_weights=None if self.is_weights is None else self.is_weights[rows, :width],
+            prompt_lens=None if self.prompt_lens is None else self.prompt_lens[rows],
         )
 
 
@@ -112,26 +114,63 @@ def build_batch(
         old_logprobs=old,
         advantages=advantages.detach().to(torch.float32).reshape(-1),
         policy_version=torch.tensor([s.policy_version for _, s in rows], dtype=torch.long),
+        prompt_lens=torch.tensor([len(p) for p, _ in rows], dtype=torch.long),
     )
+
+
+def prompt_units(batch: TrainBatch) -> list[list[int]]:
+    """Runs of consecutive rows with the same prompt (a group's samples, as build_batch lays
+    them out), each a list of rows; single rows when the batch has no ``prompt_lens``.
+
+    >>> from rollout.types import Group, Sample
+    >>> s = Sample([6], [-0.1], "2", "stop", 0)
+    >>> b = build_batch([Group("a", [1, 5], [s, s]), Group("b", [1, 7], [s])], torch.zeros(3),
+    ...                 pad_id=0)
+    >>> prompt_units(b)
+    [[0, 1], [2]]
+    """
+    if batch.prompt_lens is None:
+        return [[r] for r in range(len(batch))]
+    units: list[list[int]] = []
+    last = None
+    for r, (ids, n) in enumerate(
+        zip(batch.input_ids.tolist(), batch.prompt_lens.tolist(), strict=True)
+    ):
+        key = tuple(ids[:n])
+        if key == last:
+            units[-1].append(r)
+        else:
+            units.append([r])
+        last = key
+    return units
 
 
 def shard_by_tokens(batch: TrainBatch, num_ranks: int) -> list[list[int]]:
     """Rows for each rank: equal counts (``len(batch)`` must divide evenly), response tokens
-    balanced greedily (longest first, to the least-loaded rank that still has room).
+    balanced greedily (longest first, to the least-loaded rank that still has room). Whole
+    groups (:func:`prompt_units`) go to one rank when they are all the same size and their
+    number divides evenly, so that a rank computes each prompt once (learner/logprobs.py
+    ``shared_prefix_hidden``); otherwise single rows.
     """
     n = len(batch)
     if n % num_ranks:
         raise ValueError(f"{n} samples do not split evenly over {num_ranks} ranks")
-    per_rank = n // num_ranks
-    tokens = batch.response_mask.sum(1).tolist()
-    order = sorted(range(n), key=lambda i: (-tokens[i], i))
+    units = prompt_units(batch)
+    if len({len(u) for u in units}) != 1 or len(units) % num_ranks:
+        units = [[r] for r in range(n)]
+    per_rank = len(units) // num_ranks
+    row_tokens = batch.response_mask.sum(1).tolist()
+    tokens = [sum(row_tokens[r] for r in u) for u in units]
+    order = sorted(range(len(units)), key=lambda i: (-tokens[i], i))
     shards: list[list[int]] = [[] for _ in range(num_ranks)]
+    counts = [0] * num_ranks
     load = [0.0] * num_ranks
     for i in order:
         rank = min(
-            (r for r in range(num_ranks) if len(shards[r]) < per_rank), key=lambda r: (load[r], r)
+            (r for r in range(num_ranks) if counts[r] < per_rank), key=lambda r: (load[r], r)
         )
-        shards[rank].append(i)
+        shards[rank].extend(units[i])
+        counts[rank] += 1
         load[rank] += tokens[i]
     return [sorted(s) for s in shards]
 
@@ -145,26 +184,35 @@ class MicroBatch:
     chunks: int = 1
 
 
-def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
+def pack_by_tokens(
+    lengths: list[int], max_tokens: int, units: list[list[int]] | None = None
+) -> list[list[int]]:
     """Rows (indices into ``lengths``) in micro-batches of at most ``max_tokens`` padded tokens
     (rows x longest length): rows sorted longest first (ties: lower index first), each
     micro-batch takes the next row while (its rows + 1) x its first (longest) length still fits;
     a row longer than the budget is a micro-batch of its own. Rows ascending inside each.
+    ``units`` (lists of rows: a group's samples) are packed whole the same way, longest unit
+    first, so that a group's prompt is computed once.
 
     >>> pack_by_tokens([10, 3, 7, 4, 2, 8], 16)  # 10 | 8+7 (2 x 8) | 4+3+2 (3 x 4)
     [[0], [2, 5], [1, 3, 4]]
     >>> pack_by_tokens([30, 5, 5], 16)  # 30 > 16 alone, then 5 + 5
     [[0], [1, 2]]
+    >>> units = [[0, 1], [2, 3], [4, 5]]  # 4 x 6 = 24 > 20 | 4 rows x 4 = 16
+    >>> pack_by_tokens([6, 5, 2, 2, 4, 3], 20, units=units)
+    [[0, 1], [2, 3, 4, 5]]
     """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    units = [[i] for i in range(len(lengths))] if units is None else units
+    longest_of = [max(lengths[i] for i in u) for u in units]
+    order = sorted(range(len(units)), key=lambda k: (-longest_of[k], min(units[k])))
     out: list[list[int]] = []
     longest = 0
-    for i in order:
-        if out and (len(out[-1]) + 1) * longest <= max_tokens:
-            out[-1].append(i)
+    for k in order:
+        if out and (len(out[-1]) + len(units[k])) * longest <= max_tokens:
+            out[-1].extend(units[k])
         else:
-            out.append([i])
-            longest = lengths[i]
+            out.append(list(units[k]))
+            longest = longest_of[k]
     return [sorted(rows) for rows in out]
 
 
@@ -189,16 +237,23 @@ def split_to(microbatches: list[list[int]], lengths: list[int], count: int) -> l
 
 
 def plan_rows(
-    lengths: list[list[int]], *, micro_batch_size: int, micro_batch_tokens: int | None
+    lengths: list[list[int]],
+    *,
+    micro_batch_size: int | None,
+    micro_batch_tokens: int | None,
+    units: list[list[list[int]]] | None = None,
 ) -> list[list[list[int]]]:
     """Per rank (``lengths[r]``: its rows' sequence lengths), its micro-batches' rows, with the
     same number of micro-batches on every rank: ``micro_batch_size`` consecutive rows, or
-    :func:`pack_by_tokens`; then ranks with fewer micro-batches :func:`split_to` the most.
+    :func:`pack_by_tokens` (whole ``units[r]`` when given); then ranks with fewer micro-batches
+    :func:`split_to` the most.
 
     >>> plan_rows([[10, 3, 7, 4, 2, 8], [5] * 6], micro_batch_size=4, micro_batch_tokens=16)
     [[[0], [2, 5], [1, 3, 4]], [[0, 1], [2], [3, 4, 5]]]
     """
     if micro_batch_tokens is None:
+        if micro_batch_size is None:
+            raise ValueError("plan_rows: set micro_batch_size or micro_batch_tokens")
         plans = [
             [
                 list(range(s, min(s + micro_batch_size, len(ls))))
@@ -207,7 +262,9 @@ def plan_rows(
             for ls in lengths
         ]
     else:
-        plans = [pack_by_tokens(ls, micro_batch_tokens) for ls in lengths]
+        units = units or [None] * len(lengths)
+        pairs = zip(lengths, units, strict=True)
+        plans = [pack_by_tokens(ls, micro_batch_tokens, u) for ls, u in pairs]
     count = max(len(p) for p in plans)
     return [split_to(p, ls, count) for p, ls in zip(plans, lengths, strict=True)]
 
@@ -215,7 +272,7 @@ def plan_rows(
 def plan_microbatches(
     shards: list[TrainBatch],
     *,
-    micro_batch_size: int,
+    micro_batch_size: int | None,
     micro_batch_tokens: int | None,
     chunk_tokens: int,
 ) -> list[list[MicroBatch]]:
@@ -225,7 +282,10 @@ def plan_microbatches(
     embedding once per piece)."""
     lengths = [s.attention_mask.sum(1).tolist() for s in shards]
     plans = plan_rows(
-        lengths, micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens
+        lengths,
+        micro_batch_size=micro_batch_size,
+        micro_batch_tokens=micro_batch_tokens,
+        units=[prompt_units(s) for s in shards],
     )
 
     def pieces(shard: TrainBatch, rows: list[int]) -> int:

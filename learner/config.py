@@ -113,14 +113,26 @@ class LearnerConfig:
     warmup_steps: int = field(default=0, metadata={"ge": 0})
     """Linear LR warmup over this many optimizer steps, then constant."""
     grad_clip: float = field(default=1.0, metadata={"gt": 0.0})
-    micro_batch_size: int = field(default=32, metadata={"ge": 1})
-    """Samples per forward/backward on one rank (when ``micro_batch_tokens`` is null)."""
+    micro_batch_size: int | None = field(default=None, metadata={"ge": 1})
+    """Samples per forward/backward on one rank; null (default) = micro-batches by a token
+    budget: ``micro_batch_tokens``, or sized for the device when that is null too."""
     micro_batch_tokens: int | None = field(default=None, metadata={"ge": 1})
     """Token budget of a micro-batch instead of a sample count: each rank's share of a
-    mini-batch is packed, longest sequences first, into micro-batches of at most this many
-    padded tokens (rows x longest sequence); a longer sequence gets a micro-batch of its own;
-    every rank runs the same number of micro-batches (learner/batch.py ``plan_microbatches``).
-    null = ``micro_batch_size`` samples each."""
+    mini-batch is packed, longest first, whole groups together, into micro-batches of at most
+    this many padded tokens (rows x longest sequence); a longer sequence gets a micro-batch of
+    its own; every rank runs the same number of micro-batches (learner/batch.py
+    ``plan_microbatches``). null (and ``micro_batch_size`` null) = sized for the device: each
+    rank divides ``activation_memory_fraction`` of its free device memory (CPU: available RAM,
+    shared by the ranks of the node) by an estimate of the activation bytes per token
+    (learner/policy.py ``auto_micro_batch_tokens``); the smallest rank's figure is used."""
+    activation_memory_fraction: float = field(default=0.25, metadata={"gt": 0.0, "le": 1.0})
+    """Share of the free memory the automatic micro-batch budget may fill with activations."""
+    shared_prefix: bool = True
+    """Compute each distinct prompt of a micro-batch once (a group's n samples share it) and the
+    responses on its KV cache (learner/logprobs.py ``shared_prefix_hidden``): same log-probs
+    and gradients to float rounding on ~(P + nR) instead of n(P + R) tokens per group. Off with
+    ``gradient_checkpointing`` (transformers drops the cache then), with ``logits=full``, and
+    for a model where the shared path does not reproduce the plain one (checked at start)."""
     mini_batch_size: int | None = field(default=256, metadata={"ge": 1})
     """At most this many samples per optimizer step (over all ranks): a step's batch of n
     samples makes ceil(n / mini_batch_size) equal mini-batches, one optimizer step each; null =

@@ -64,6 +64,25 @@ class LearnerGroup:
             timeout_s=cfg.timeout_s,
             what="starting DeepSpeed learner ranks",
         )
+        self.micro_batch_tokens = cfg.micro_batch_tokens
+        if cfg.micro_batch_size is None and cfg.micro_batch_tokens is None:
+            self.micro_batch_tokens = self._auto_micro_batch_tokens()
+
+    def _auto_micro_batch_tokens(self) -> int:
+        """The smallest rank's automatic budget; on CPU the ranks of a node share its RAM."""
+        where = get(
+            [r.memory.remote() for r in self.ranks], timeout_s=self.cfg.timeout_s, what="memory"
+        )
+        sharing = [
+            sum(1 for n, kind, _ in where if n == node) if kind == "cpu" else 1
+            for node, kind, _ in where
+        ]
+        budgets = get(
+            [r.micro_batch_budget.remote(k) for r, k in zip(self.ranks, sharing, strict=True)],
+            timeout_s=self.cfg.timeout_s,
+            what="micro-batch budget",
+        )
+        return min(budgets)
 
     def _minibatches(self, batch: TrainBatch) -> tuple[list[list[TrainBatch]], list, list]:
         """Per rank, its mini-batches and their micro-batch plans (as many micro-batches and
@@ -83,7 +102,7 @@ class LearnerGroup:
             planned = plan_microbatches(
                 shards,
                 micro_batch_size=self.cfg.micro_batch_size,
-                micro_batch_tokens=self.cfg.micro_batch_tokens,
+                micro_batch_tokens=self.micro_batch_tokens,
                 chunk_tokens=self.cfg.logits_chunk_tokens,
             )
             for r in range(k):
@@ -124,6 +143,9 @@ class LearnerGroup:
             "rollout/is_weight_mean": sum(m["is_weight"] for m in ranks) / probed,
             "rollout/is_clipped_frac": sum(m["is_clipped"] for m in ranks) / probed,
             "perf/learner_tokens": tokens / self.cfg.ppo_epochs,
+            # through the decoder, per epoch: prompt + response tokens, each shared prompt once
+            "perf/learner_decoder_tokens": sum(m["decoder_tokens"] for m in ranks)
+            / self.cfg.ppo_epochs,
             "timing_s/update": max(m["seconds"] for m in ranks),
         }
 
@@ -135,7 +157,7 @@ class LearnerGroup:
         plans = plan_microbatches(
             parts,
             micro_batch_size=self.cfg.micro_batch_size,
-            micro_batch_tokens=self.cfg.micro_batch_tokens,
+            micro_batch_tokens=self.micro_batch_tokens,
             chunk_tokens=self.cfg.logits_chunk_tokens,
         )
         got = get(

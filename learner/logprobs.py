@@ -161,13 +161,20 @@ def _chunked_forward(
     with_entropy: bool,
     chunks: int,
     intrinsic: bool = False,
+    prompt_lens: Tensor | None = None,
 ) -> tuple[Tensor, ...]:
     """(logp [B, T], entropy [B, T]) or (logp,): decoder, then output embedding in pieces;
-    ``intrinsic``: (entropy, self-certainty) instead (:func:`model_intrinsic`)."""
+    ``intrinsic``: (entropy, self-certainty) instead (:func:`model_intrinsic`). With
+    ``prompt_lens`` (and a ``token_mask`` on response positions only), each distinct prompt
+    runs through the decoder once (:func:`shared_prefix_hidden`)."""
     b, t = input_ids.shape
-    hidden = module.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-    ).last_hidden_state  # [B, T, H]
+    decoder = module.get_decoder()
+    if prompt_lens is not None and token_mask is not None:
+        hidden = shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lens)
+    else:
+        hidden = decoder(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state  # [B, T, H]
     # Flat position p = i * T + s predicts token p + 1 (same row while s < T - 1).
     want = torch.zeros(b, t, dtype=torch.bool, device=input_ids.device)
     want[:, :-1] = True if token_mask is None else token_mask[:, 1:] != 0
@@ -193,6 +200,79 @@ def _chunked_forward(
         out = zeros + 0.0 * got.sum() if dummy else zeros.index_put((pos + 1,), got)
         outs.append(out.view(b, t))
     return tuple(outs)
+
+
+def distinct_prompts(input_ids: Tensor, prompt_lens: Tensor) -> tuple[list[int], Tensor]:
+    """``(first, which)``: the first row of each distinct prompt (``input_ids[r, :prompt_lens[r]]``)
+    in row order, and each row's index into ``first`` ``[B]``.
+
+    >>> ids = torch.tensor([[5, 6, 1], [5, 6, 2], [7, 1, 0], [5, 6, 3]])
+    >>> distinct_prompts(ids, torch.tensor([2, 2, 1, 2]))
+    ([0, 2], tensor([0, 0, 1, 0]))
+    """
+    seen: dict[tuple[int, ...], int] = {}
+    first, which = [], []
+    for row, (ids, n) in enumerate(zip(input_ids.tolist(), prompt_lens.tolist(), strict=True)):
+        key = tuple(ids[:n])
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(row)
+        which.append(seen[key])
+    return first, torch.tensor(which, dtype=torch.long)
+
+
+def shared_prefix_hidden(
+    decoder, input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor
+) -> Tensor:
+    """The decoder's last hidden states ``[B, T, H]`` of right-padded ``prompt + response`` rows
+    at the positions that predict response tokens (``prompt_lens[r] - 1`` up to the row's
+    second-to-last token; other positions are 0), with each distinct prompt computed once.
+
+    A group's n samples share their prompt: the prompts run once (``[U, P]``, U distinct, with
+    the KV cache kept, gradients included), then every row's response runs on its prompt's
+    cache (gathered per row) at positions ``prompt_len + j``. The same attention as one pass
+    over the full rows, on ~(P + n R) instead of n (P + R) tokens per group. ``prompt_lens``
+    only decides what is shared: any split at or before a row's first scored position gives the
+    same values (a response's first token is predicted from the prompt pass's last state).
+    """
+    b, t = input_ids.shape
+    device = input_ids.device
+    prompt_lens = prompt_lens.to(device)
+    first, which = distinct_prompts(input_ids, prompt_lens)
+    which = which.to(device)
+    p_len = prompt_lens[first]  # [U]
+    p_max = int(p_len.max())
+    p_mask = (torch.arange(p_max, device=device)[None] < p_len[:, None]).long()  # [U, P]
+    prompts = input_ids[first, :p_max] * p_mask
+    out = decoder(input_ids=prompts, attention_mask=p_mask, use_cache=True)
+    h_prompt = out.last_hidden_state  # [U, P, H]
+    resp_len = attention_mask.sum(1) - prompt_lens  # [B]
+    r_max = int(resp_len.max())
+    hidden_size = h_prompt.shape[-1]
+    # Position prompt_len - 1 predicts the first response token.
+    flat_idx = [torch.arange(b, device=device) * t + prompt_lens - 1]
+    values = [h_prompt[which, prompt_lens - 1]]  # [B, H]
+    if r_max > 1:  # the response's own positions predict its next tokens (the last predicts none)
+        j = torch.arange(r_max - 1, device=device)[None]  # [1, R - 1]
+        r_mask = j < resp_len[:, None]  # [B, R - 1]
+        pos = prompt_lens[:, None] + j  # [B, R - 1]
+        resp = input_ids.gather(1, pos.clamp(max=t - 1)) * r_mask
+        cache = out.past_key_values
+        cache.batch_select_indices(which)  # [U, ...] -> [B, ...]
+        mask = torch.cat([p_mask[which], r_mask.long()], 1)  # [B, P + R - 1]
+        h_resp = decoder(
+            input_ids=resp,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state  # [B, R - 1, H]
+        rows = torch.arange(b, device=device)[:, None].expand_as(pos)
+        flat_idx.append((rows * t + pos)[r_mask])
+        values.append(h_resp[r_mask])
+    flat = h_prompt.new_zeros(b * t, hidden_size)
+    flat = flat.index_put((torch.cat(flat_idx),), torch.cat(values))
+    return flat.view(b, t, hidden_size)
 
 
 @contextlib.contextmanager
@@ -227,12 +307,16 @@ def model_logprobs(
     chunk_tokens: int = CHUNK_TOKENS,
     token_mask: Tensor | None = None,
     chunks: int | None = None,
+    prompt_lens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``(logp [B, T], entropy [B, T] or None)`` of ``input_ids`` under ``model`` (a DeepSpeed
     engine or a transformers causal LM) at ``temperature``; 0 at position 0 and outside
     ``token_mask [B, T]``. ``logits``: ``chunked`` or ``full`` (module docstring). ``chunks``:
     the number of output-embedding pieces of the chunked path (default
     ``num_chunks(scored_positions, chunk_tokens)``; ZeRO-3 callers pass one equal on all ranks).
+    ``prompt_lens [B]`` (chunked path, with a ``token_mask`` that is 0 on prompts): rows are
+    right-padded ``prompt + response`` and each distinct prompt runs once
+    (:func:`shared_prefix_hidden`; same values to float rounding, fewer tokens).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -258,7 +342,14 @@ def model_logprobs(
 
     def forward(input_ids, attention_mask):
         return _chunked_forward(
-            module, input_ids, attention_mask, token_mask, temperature, with_entropy, chunks
+            module,
+            input_ids,
+            attention_mask,
+            token_mask,
+            temperature,
+            with_entropy,
+            chunks,
+            prompt_lens=prompt_lens,
         )
 
     with _forward_as(module, forward):
@@ -344,4 +435,36 @@ def logits_problem(model, *, tolerance: float = 1e-2) -> str | None:
     gap = float((full - chunked).abs().max())
     if not math.isfinite(gap) or gap > tolerance:
         return f"chunked log-probs differ from the full logits' by {gap:.3g} (> {tolerance})"
+    return None
+
+
+def prefix_problem(model, *, tolerance: float = 1e-2) -> str | None:
+    """Why :func:`shared_prefix_hidden` would not reproduce ``model``'s plain chunked log-probs
+    (None when it does): a fixed batch of two prompts (lengths 5 and 3) with two responses each
+    (lengths 4 and 2) is scored both ways. Runs two forward passes: under ZeRO-3 every rank
+    must call it."""
+    module = _unwrap(model)
+    weight = module.get_output_embeddings().weight
+    vocab = getattr(weight, "ds_shape", weight.shape)[0]
+    device = next(module.parameters()).device
+    lens = [(5, 4), (5, 2), (3, 4), (3, 2)]
+    ids = (torch.arange(36, device=device).view(4, 9) * 7919 + 3) % vocab
+    ids[1, :5], ids[3, :3] = ids[0, :5], ids[2, :3]  # samples of one prompt share it
+    mask = torch.zeros_like(ids)
+    token_mask = torch.zeros(ids.shape, device=device)
+    for r, (p, n) in enumerate(lens):
+        mask[r, : p + n] = 1
+        token_mask[r, p : p + n] = 1
+    prompt_lens = torch.tensor([p for p, _ in lens], device=device)
+    with torch.no_grad():
+        plain, _ = model_logprobs(model, ids, mask, token_mask=token_mask)
+        try:
+            shared, _ = model_logprobs(
+                model, ids, mask, token_mask=token_mask, prompt_lens=prompt_lens
+            )
+        except Exception as err:  # noqa: BLE001 - any failure means: compute every row in full
+            return f"the shared-prefix forward failed: {type(err).__name__}: {err}"
+    gap = float((plain - shared).abs().max())
+    if not math.isfinite(gap) or gap > tolerance:
+        return f"shared-prefix log-probs differ from the plain ones by {gap:.3g} (> {tolerance})"
     return None

@@ -43,7 +43,7 @@ def deepspeed_config(cfg: LearnerConfig, dtype: str) -> dict:
     """The DeepSpeed config of a rank (``step()`` is the accumulation boundary we choose)."""
     bf16 = dtype == "bfloat16"
     config = {
-        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "train_micro_batch_size_per_gpu": cfg.micro_batch_size or 1,  # bookkeeping only
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,  # step() is the boundary we choose
         "gradient_clipping": cfg.grad_clip,
@@ -71,3 +71,27 @@ def load_policy(model_path: str, cfg: LearnerConfig, dtype: str, *, trainable: b
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
     return model
+
+
+ACTIVATION_BYTES_PER_TOKEN_LAYER = 34  # x hidden size, 16-bit (Korthikanti et al. 2022)
+
+
+def auto_micro_batch_tokens(
+    model_config, dtype: str, free_bytes: float, fraction: float, sharing: int = 1
+) -> int:
+    """A micro-batch token budget that fits ``fraction`` of ``free_bytes`` (shared by ``sharing``
+    ranks): activations ~ 34 x hidden x layers bytes per token in 16-bit, twice that in fp32
+    (Korthikanti et al. 2022, attention scores excluded: sdpa/flash keep none). Clamped to
+    [256, 65536] tokens.
+
+    >>> from types import SimpleNamespace
+    >>> tiny = SimpleNamespace(hidden_size=256, num_hidden_layers=4)
+    >>> auto_micro_batch_tokens(tiny, "float32", 18e9, 0.25, sharing=2)  # 2.25 GB / 69,632 B
+    32312
+    """
+    text = getattr(model_config, "get_text_config", lambda: model_config)()
+    elem = 4 if dtype == "float32" else 2
+    per_token = ACTIVATION_BYTES_PER_TOKEN_LAYER * text.hidden_size * text.num_hidden_layers
+    per_token = per_token * elem / 2
+    tokens = int(free_bytes * fraction / max(sharing, 1) / per_token)
+    return max(256, min(65536, tokens))

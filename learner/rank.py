@@ -30,7 +30,14 @@ import torch
 
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import LearnerConfig
-from learner.logprobs import CHUNK_TOKENS, logits_problem, model_intrinsic, model_logprobs
+from learner.logprobs import (
+    CHUNK_TOKENS,
+    distinct_prompts,
+    logits_problem,
+    model_intrinsic,
+    model_logprobs,
+    prefix_problem,
+)
 from learner.loss import LOG_RATIO_CLAMP, LossConfig, LossOutput, policy_loss
 from learner.policy import deepspeed_config, learner_dtype, load_policy
 
@@ -56,6 +63,7 @@ class RankMetrics:
     is_clipped: float = 0.0  # tokens whose weight hit the cap
     lr: float = 0.0
     seconds: float = 0.0
+    decoder_tokens: float = 0.0  # tokens through the decoder with gradients (every epoch)
 
     def add_loss(self, metrics: dict, tokens: float) -> None:
         self.tokens += tokens
@@ -97,12 +105,14 @@ def microbatch_loss(
     logits: str = "chunked",
     chunk_tokens: int = CHUNK_TOKENS,
     chunks: int | None = None,
+    shared_prefix: bool = False,
 ) -> tuple[LossOutput, torch.Tensor]:
     """Forward ``mb`` through ``model`` (a DeepSpeed engine or any causal LM, on its device),
     score its response tokens at ``temperature`` (learner/logprobs.py: ``logits`` mode, pieces of
     ``chunk_tokens`` positions, ``chunks`` pieces when given) and return the policy loss of this
     piece of a mini-batch (with the mini-batch's global counts) and the current log-probs
-    ``[B, T]`` (0 outside the response)."""
+    ``[B, T]`` (0 outside the response). ``shared_prefix``: each distinct prompt runs once
+    (learner/logprobs.py ``shared_prefix_hidden``)."""
     if cfg.aggregation == "seq-mean-token-sum-norm" and cfg.norm_len is None:
         raise ValueError("loss.norm_len must be set (the max response length) for Dr. GRPO")
     mb = mb.to(model.device)
@@ -111,6 +121,7 @@ def microbatch_loss(
         logits=logits,
         chunk_tokens=chunk_tokens,
         token_mask=mb.response_mask,
+        prompt_lens=mb.prompt_lens if shared_prefix else None,
     )
     logp, entropy = model_logprobs(
         model, mb.input_ids, mb.attention_mask, with_entropy=True, chunks=chunks, **score
@@ -140,6 +151,16 @@ def microbatch_loss(
         total_seqs=total_seqs,
     )
     return out, logp
+
+
+def decoder_tokens(mb: TrainBatch, shared_prefix: bool) -> float:
+    """Tokens a forward pass of ``mb`` runs through the decoder: every real token, or with the
+    shared prefix each distinct prompt once plus each response but its last token."""
+    if not shared_prefix or mb.prompt_lens is None:
+        return float(mb.attention_mask.sum())
+    first, _ = distinct_prompts(mb.input_ids, mb.prompt_lens)
+    responses = (mb.attention_mask.sum(1) - mb.prompt_lens - 1).clamp(min=0)
+    return float(mb.prompt_lens[first].sum() + responses.sum())
 
 
 class LearnerRank:
@@ -233,6 +254,7 @@ class LearnerRank:
             if flag.item() > 0:
                 self.logits = "full"
                 print(f"learner: learner.logits=chunked falls back to full logits: {problem}")
+        self.shared_prefix = self._shared_prefix_usable(dist)
         # A frozen reference policy for the KL term, only when it is used (kl_coef > 0): a full
         # replica per rank (fine for small models; large ones want a ZeRO-3 inference engine).
         self.reference = None
@@ -240,6 +262,52 @@ class LearnerRank:
             self.reference = load_policy(self.model_path, self.cfg, self.dtype, trainable=False)
             self.reference.to(self.engine.device).eval().requires_grad_(False)
         return self.rank
+
+    def _shared_prefix_usable(self, dist) -> bool:
+        """``learner.shared_prefix``, unless gradient checkpointing or full logits rule it out or
+        the model fails the numeric check on any rank (every rank runs it: ZeRO-3 gathers)."""
+        cfg = self.cfg
+        if not cfg.shared_prefix:
+            return False
+        why = None
+        if cfg.gradient_checkpointing:
+            why = "learner.gradient_checkpointing is on (transformers keeps no KV cache then)"
+        elif self.logits != "chunked":
+            why = "the full-logits path is in use"
+        if why is None:
+            problem = prefix_problem(self.engine)
+            flag = torch.tensor([float(problem is not None)], device=self.engine.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                why = problem or "it failed on another rank"
+        if why is not None and self.rank == 0:
+            print(f"learner: learner.shared_prefix is off: {why}")
+        return why is None
+
+    def memory(self) -> tuple[str, str, float]:
+        """``(node id, device kind, free bytes)``: where this rank runs and the memory its
+        activations may use (GPU: free device memory now; CPU: the node's available RAM)."""
+        import psutil
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        if torch.cuda.is_available():
+            return node, "cuda", float(torch.cuda.mem_get_info()[0])
+        return node, "cpu", float(psutil.virtual_memory().available)
+
+    def micro_batch_budget(self, sharing: int) -> int:
+        """The automatic micro-batch token budget (learner/policy.py), memory shared by
+        ``sharing`` ranks."""
+        from learner.policy import auto_micro_batch_tokens
+
+        _, _, free = self.memory()
+        return auto_micro_batch_tokens(
+            self.engine.module.config,
+            self.dtype,
+            free,
+            self.cfg.activation_memory_fraction,
+            sharing,
+        )
 
     def train(
         self,
@@ -276,6 +344,7 @@ class LearnerRank:
                         logits=self.logits,
                         chunk_tokens=self.cfg.logits_chunk_tokens,
                         chunks=micro.chunks,
+                        shared_prefix=self.shared_prefix,
                     )
                     # A non-finite loss can have finite gradients (the log-ratio clamp passes
                     # none back through a NaN): scaling it by NaN makes them NaN, so the
@@ -286,6 +355,7 @@ class LearnerRank:
                     scale = self.world_size if finite else float("nan")
                     self.engine.backward(out.loss * scale, scale_wrt_gas=False)
                     acc.add_loss(out.metrics, float(mb.response_mask.sum()))
+                    acc.decoder_tokens += decoder_tokens(mb, self.shared_prefix)
                     if probe:  # before any update: the learner's old log-probs, for free
                         learner = logp.detach().cpu()
                         acc.add_mismatch(learner, mb.old_logprobs, mb.response_mask, None)
@@ -338,6 +408,7 @@ class LearnerRank:
                 chunk_tokens=self.cfg.logits_chunk_tokens,
                 token_mask=mb.response_mask,
                 chunks=micro.chunks,
+                prompt_lens=mb.prompt_lens if self.shared_prefix else None,
             )
             rows = torch.tensor(micro.rows)[:, None]  # [n, 1]
             cols = torch.arange(logp.shape[1])[None, :]  # [1, width]

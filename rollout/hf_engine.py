@@ -36,16 +36,16 @@ class HFEngine:
     def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
         tok, n = self.tokenizer, params.n
         enc = tok(prompts, return_tensors="pt", padding=True)
-        ids = enc["input_ids"].repeat_interleave(n, dim=0).to(self.device)  # [R, P], R = B * n
-        mask = enc["attention_mask"].repeat_interleave(n, dim=0).to(self.device)
+        ids = enc["input_ids"].to(self.device)  # [B, P]
+        mask = enc["attention_mask"].to(self.device)
         generators = None
         if params.temperature > 0:
             seed = call_seed(params.seed)
             generators = [
                 torch.Generator(self.device).manual_seed(sample_seed(seed, r // n, r % n))
-                for r in range(ids.shape[0])
+                for r in range(ids.shape[0] * n)
             ]
-        new, logp = self._decode(ids, mask, params, generators)  # [R, T] each
+        new, logp = self._decode(ids, mask, n, params, generators)  # [R, T] each, R = B * n
         groups = []
         for i, prompt in enumerate(prompts):
             prompt_ids = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
@@ -53,13 +53,15 @@ class HFEngine:
             groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, samples=samples))
         return groups
 
-    def _decode(self, ids, mask, params: SamplingConfig, generators):
-        """Token ids and their log-probs ``[R, T]``; rows stop at EOS (padded after it)."""
+    def _decode(self, ids, mask, n: int, params: SamplingConfig, generators):
+        """Token ids and their log-probs ``[R, T]`` (R = n rows per prompt of ``ids [B, P]``);
+        rows stop at EOS (padded after it). Each prompt is prefilled once and its KV cache
+        repeated for its n rows."""
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         position = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at 0
-        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=self.device)
+        done = torch.zeros(ids.shape[0] * n, dtype=torch.bool, device=self.device)
         past, step_ids, tokens, logps = None, ids, [], []
-        for _ in range(params.max_new_tokens):
+        for i in range(params.max_new_tokens):
             out = self.model(
                 input_ids=step_ids,
                 attention_mask=mask,
@@ -69,7 +71,12 @@ class HFEngine:
                 logits_to_keep=1,
             )
             past = out.past_key_values
-            logits = out.logits[:, -1].float()  # [R, V]
+            logits = out.logits[:, -1].float()  # [R, V] ([B, V] after the prefill)
+            if i == 0 and n > 1:  # the prefill ran once per prompt: n rows each from here on
+                past.batch_repeat_interleave(n)
+                logits = logits.repeat_interleave(n, dim=0)
+                mask = mask.repeat_interleave(n, dim=0)
+                position = position.repeat_interleave(n, dim=0)
             if generators is None:
                 logp_all = torch.log_softmax(logits, -1)
                 token = logits.argmax(-1)

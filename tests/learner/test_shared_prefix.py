@@ -1,0 +1,109 @@
+"""The shared-prefix forward (learner/logprobs.py ``shared_prefix_hidden``): each distinct prompt
+of a micro-batch runs once and the responses run on its KV cache. It must give the log-probs,
+entropies and gradients of the plain forward over every full row (float rounding apart)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from learner.batch import build_batch, prompt_units, shard_by_tokens
+from learner.logprobs import model_logprobs, prefix_problem
+from rollout.types import Group, Sample
+
+
+def _groups(seed: int = 0, vocab: int = 32):
+    """3 prompts of 4, 7 and 5 tokens with 4 samples each; responses of 1-6 tokens (1 and the
+    longest included), so rows have different prompt and response lengths."""
+    rng = random.Random(seed)
+    groups = []
+    for p in (4, 7, 5):
+        prompt = [1] + [rng.randint(3, vocab - 1) for _ in range(p - 1)]
+        samples = []
+        for r in (1, 3, 6, rng.randint(1, 6)):
+            resp = [rng.randint(3, vocab - 1) for _ in range(r)]
+            samples.append(Sample(resp, [-1.0] * r, "", "stop", 0))
+        groups.append(Group("", prompt, samples))
+    return groups
+
+
+def _logprobs_and_grads(model, batch, **kw):
+    model.zero_grad()
+    logp, ent = model_logprobs(
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        token_mask=batch.response_mask,
+        with_entropy=True,
+        temperature=0.7,
+        **kw,
+    )
+    # weights differ per token so that a misplaced log-prob changes the gradient
+    w = torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)
+    ((logp * w).sum() + 0.1 * ent.sum()).backward()
+    return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_shared_prefix_equals_the_plain_forward(tiny_model_dir, attn):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation=attn
+    )
+    batch = build_batch(_groups(), torch.zeros(12), pad_id=0)
+    batch.response_mask[5] = 0  # a row kept out of the loss (DAPO's overlong filter)
+    plain = _logprobs_and_grads(model, batch)
+    shared = _logprobs_and_grads(model, batch, prompt_lens=batch.prompt_lens)
+    # both score exactly the response tokens of the rows in the loss (log-probs are never 0)
+    scored = int((batch.response_mask[:, 1:] != 0).sum())
+    assert int((shared[0] != 0).sum()) == scored > 0
+    assert torch.allclose(shared[0], plain[0], atol=1e-5), (shared[0] - plain[0]).abs().max()
+    assert torch.allclose(shared[1], plain[1], atol=1e-5)
+    for name, g in plain[2].items():
+        # fp32 sums in another order: ~1e-6 relative; 1e-4 of the largest entry leaves margin
+        assert torch.allclose(shared[2][name], g, atol=1e-4 * g.abs().max().item()), name
+    assert prefix_problem(model) is None
+
+
+def test_a_misplaced_response_is_caught(tiny_model_dir):
+    """The comparison above can fail. A prompt length one short is still exact (the split
+    point only decides what is shared; the last prompt token then runs with the response), one
+    too long leaves the first response token's predicting state out: different log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    batch = build_batch(_groups(), torch.zeros(12), pad_id=0)
+    with torch.no_grad():
+        plain, _ = model_logprobs(
+            model, batch.input_ids, batch.attention_mask, token_mask=batch.response_mask
+        )
+        wrong, _ = model_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            token_mask=batch.response_mask,
+            prompt_lens=batch.prompt_lens + 1,
+        )
+        short, _ = model_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            token_mask=batch.response_mask,
+            prompt_lens=batch.prompt_lens - 1,
+        )
+    assert (wrong - plain).abs().max() > 1e-3
+    assert (short - plain).abs().max() < 1e-5
+
+
+def test_groups_stay_whole_on_a_rank():
+    batch = build_batch(_groups() + _groups(1), torch.zeros(24), pad_id=0)
+    units = prompt_units(batch)
+    assert [len(u) for u in units] == [4] * 6
+    shards = shard_by_tokens(batch, 2)
+    assert sorted(len(s) for s in shards) == [12, 12]
+    for unit in units:  # each group's rows on one rank
+        assert sum(set(unit) <= set(s) for s in shards) == 1
