@@ -21,17 +21,50 @@ def resolve_address(cfg: TrainConfig) -> str | None:
 
 
 def stage_bundles(cfg: TrainConfig) -> dict[str, list[dict[str, float]]]:
-    """Resources per stage: one bundle per rollout worker / verifier actor / learner rank."""
+    """Resources per placement group: one bundle per rollout worker / verifier actor / learner
+    rank; with ``cluster.colocate``, rollout workers and learner ranks share the bundles of one
+    ``colocated`` group instead (bundle i holds worker i and rank i, each taking half of it:
+    :func:`actor_resources`)."""
 
     def bundle(cpus: float, gpus: float) -> dict[str, float]:
         return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
 
     r, lr = cfg.rollout, cfg.learner
+    verifier = [bundle(1.0, 0.0)]
+    if cfg.cluster.colocate:
+        slots = max(r.num_workers, lr.num_ranks)
+        cpus = max(r.num_cpus_per_worker, lr.num_cpus_per_rank)
+        gpus = max(r.num_gpus_per_worker, lr.num_gpus_per_rank)
+        return {"colocated": [bundle(cpus, gpus)] * slots, "verifier": verifier}
     return {
         "rollout": [bundle(r.num_cpus_per_worker, r.num_gpus_per_worker)] * r.num_workers,
-        "verifier": [bundle(1.0, 0.0)],
+        "verifier": verifier,
         "learner": [bundle(lr.num_cpus_per_rank, lr.num_gpus_per_rank)] * lr.num_ranks,
     }
+
+
+def actor_resources(cfg: TrainConfig, stage: str) -> tuple[float, float]:
+    """``(num_cpus, num_gpus)`` one rollout worker or learner rank asks Ray for: its own
+    config's, or with ``cluster.colocate`` half of its shared bundle (an engine and a rank
+    time-share the bundle's cores and GPU; Ray then gives both the same GPU).
+
+    >>> from launch.config import TrainConfig
+    >>> cfg = TrainConfig()
+    >>> cfg.rollout.num_gpus_per_worker = cfg.learner.num_gpus_per_rank = 1
+    >>> actor_resources(cfg, "rollout")  # colocated (the default): half a bundle each
+    (0.5, 0.5)
+    >>> cfg.cluster.colocate = False
+    >>> actor_resources(cfg, "learner")
+    (1.0, 1)
+    """
+    r, lr = cfg.rollout, cfg.learner
+    if cfg.cluster.colocate:
+        cpus = max(r.num_cpus_per_worker, lr.num_cpus_per_rank)
+        gpus = max(r.num_gpus_per_worker, lr.num_gpus_per_rank)
+        return cpus / 2, gpus / 2
+    if stage == "rollout":
+        return r.num_cpus_per_worker, r.num_gpus_per_worker
+    return lr.num_cpus_per_rank, lr.num_gpus_per_rank
 
 
 QUIET = {
@@ -121,9 +154,11 @@ def reserve(
     import ray
     from ray.util.placement_group import placement_group
 
+    if cfg.cluster.colocate and {"rollout", "learner"} & set(stages):
+        stages = (*stages, "colocated")  # both share its bundles
     bundles = {stage: b for stage, b in stage_bundles(cfg).items() if stage in stages}
     if not cfg.cluster.placement_groups:
-        return {stage: None for stage in bundles}
+        return {stage: None for stage in (*bundles, *stages) if stage != "colocated"}
     groups = {
         stage: placement_group(b, strategy=cfg.cluster.placement_strategy, name=f"avspo-{stage}")
         for stage, b in bundles.items()
@@ -142,4 +177,72 @@ def reserve(
             f"{cfg.cluster.ready_timeout_s:.0f} s (cluster.ready_timeout_s); available: "
             f"{available}"
         )
-    return {stage: Placement(pg) for stage, pg in groups.items()}
+    out = {stage: Placement(pg) for stage, pg in groups.items()}
+    if "colocated" in out:
+        shared = out.pop("colocated")
+        out |= {stage: shared for stage in ("rollout", "learner") if stage in stages}
+    return out
+
+
+def node_cores(local: bool) -> dict[str, list[int]]:
+    """The CPU ids each node's actors may use, by node id: for a ``local`` Ray (one node, this
+    machine) the driver's affinity mask (its logical CPUs are a scheduling fiction: see
+    :func:`init_ray`), for a joined cluster ``range(CPU)`` of each alive node's resources."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if local and len(nodes) == 1:
+        return {nodes[0]["NodeID"]: sorted(os.sched_getaffinity(0))}
+    return {n["NodeID"]: list(range(int(n["Resources"].get("CPU", 1)))) for n in nodes}
+
+
+@dataclass
+class Threads:
+    """What each rollout worker and learner rank computes with: torch threads, and for a vLLM
+    engine on CPU the cores its OpenMP threads bind to (None: vLLM's own choice)."""
+
+    rollout: list[int]
+    learner: list[int]
+    rollout_cpus: list[list[int] | None]
+
+
+def plan_threads(cfg: TrainConfig, placement: dict[str, Placement | None]) -> Threads:
+    """Threads per actor. Split layout: ``num_cpus_per_worker`` / ``num_cpus_per_rank`` each
+    (the cores Ray reserved for it). ``cluster.colocate``: the phase that runs gets the whole
+    node, since generation and the update take turns: each engine gets the node's cores divided
+    by the engines on that node, each learner rank the cores divided by the ranks on it (and
+    each vLLM engine its own slice of core ids to bind). Nodes are read from the placement
+    group's bundles (worker i and rank i are in bundle i); without placement groups, one node.
+    """
+    r, lr = cfg.rollout, cfg.learner
+    if not cfg.cluster.colocate:
+        return Threads(
+            [max(1, int(r.num_cpus_per_worker))] * r.num_workers,
+            [max(1, int(lr.num_cpus_per_rank))] * lr.num_ranks,
+            [None] * r.num_workers,
+        )
+    cores = node_cores(resolve_address(cfg) is None)
+    shared = placement.get("rollout") or placement.get("learner")
+    if shared is not None:
+        import ray
+
+        table = ray.util.placement_group_table(shared.group)["bundles_to_node_id"]
+        node_of = [table[i] for i in range(len(table))]
+    else:
+        node_of = [next(iter(cores))] * max(r.num_workers, lr.num_ranks)
+
+    def spread(count: int) -> tuple[list[int], list[list[int]]]:
+        threads, cpus = [], []
+        for i in range(count):
+            node = node_of[i]
+            peers = [j for j in range(count) if node_of[j] == node]
+            ids = cores.get(node) or [0]
+            k = max(1, len(ids) // len(peers))
+            start = (peers.index(i) * k) % len(ids)
+            threads.append(k)
+            cpus.append(ids[start : start + k])
+        return threads, cpus
+
+    rollout, rollout_cpus = spread(r.num_workers)
+    learner, _ = spread(lr.num_ranks)
+    return Threads(rollout, learner, rollout_cpus)

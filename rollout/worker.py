@@ -21,7 +21,7 @@ from rollout.weight_sync import TRANSPORTS, ObjectStoreTransport, weight_sync_ba
 logger = logging.getLogger(__name__)
 
 
-def make_engine(cfg: RolloutConfig, model_path: str, dtype: str):
+def make_engine(cfg: RolloutConfig, model_path: str, dtype: str, sleep_mode: bool = False):
     engine = cfg.engine
     if engine == "vllm":
         try:
@@ -43,6 +43,7 @@ def make_engine(cfg: RolloutConfig, model_path: str, dtype: str):
             enforce_eager=cfg.enforce_eager,
             max_num_seqs=cfg.max_num_seqs,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            sleep_mode=sleep_mode,
         )
     from rollout.hf_engine import HFEngine
 
@@ -52,9 +53,26 @@ def make_engine(cfg: RolloutConfig, model_path: str, dtype: str):
 class RolloutWorker:
     """The actor body (wrapped with ``ray.remote`` by :func:`spawn_actor_group`)."""
 
-    def __init__(self, cfg: RolloutConfig, model_path: str, dtype: str):
-        torch.set_num_threads(max(1, int(cfg.num_cpus_per_worker)))
-        self.engine = make_engine(cfg, model_path, dtype)
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model_path: str,
+        dtype: str,
+        threads: int | None = None,
+        cpus: list[int] | None = None,
+        sleep_mode: bool = False,
+    ):
+        """``threads``: torch threads (default ``num_cpus_per_worker``); ``cpus``: the core ids
+        a vLLM engine on CPU binds its OpenMP threads to (default: vLLM's own choice, which on a
+        small machine keeps one core for its scheduler); ``sleep_mode``: the engine releases
+        its GPU memory between generations (colocated with a learner rank on GPUs)."""
+        import os
+
+        torch.set_num_threads(threads or max(1, int(cfg.num_cpus_per_worker)))
+        if cpus and not torch.cuda.is_available():
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus))
+        self.engine = make_engine(cfg, model_path, dtype, sleep_mode)
+        self.threads = torch.get_num_threads()
 
     def ready(self) -> str:
         return type(self.engine).__name__
@@ -71,6 +89,13 @@ class RolloutWorker:
 
     def policy_version(self) -> int:
         return self.engine.policy_version
+
+    def sleep(self) -> None:
+        """Release the engine's device memory for the learner's update (colocated, GPU)."""
+        getattr(self.engine, "sleep", lambda: None)()
+
+    def wake_up(self) -> None:
+        getattr(self.engine, "wake_up", lambda: None)()
 
     def pid(self) -> int:
         """This actor's process id (fault-injection tests kill it)."""
@@ -103,11 +128,21 @@ class RolloutGroup:
         dtype: str = "float32",
         placement=None,
         wait: bool = True,
+        resources: tuple[float, float] | None = None,
+        threads: list[int] | None = None,
+        cpus: list[list[int] | None] | None = None,
+        sleep_mode: bool = False,
     ):
         """Spawns the workers; with ``wait`` (default) also waits until their engines are up.
         ``wait=False`` lets the caller start other actors meanwhile, then call
-        :meth:`wait_ready` (vLLM takes ~30 s to start on CPU)."""
+        :meth:`wait_ready` (vLLM takes ~30 s to start on CPU). ``resources``: (CPUs, GPUs) each
+        worker asks Ray for (default: the config's); ``threads`` / ``cpus``: per worker
+        (launch/cluster.py ``plan_threads``); ``sleep_mode``: see :class:`RolloutWorker`."""
         self.cfg = cfg
+        self.resources = resources or (cfg.num_cpus_per_worker, cfg.num_gpus_per_worker)
+        self.threads = threads or [None] * cfg.num_workers
+        self.cpus = cpus or [None] * cfg.num_workers
+        self.sleep_mode = sleep_mode
         self.model_path, self.dtype, self.placement = model_path, dtype, placement
         self.workers = [self._spawn(i) for i in range(cfg.num_workers)]
         self.learner = None  # set by sync_from: where a restarted worker gets its weights
@@ -132,8 +167,11 @@ class RolloutGroup:
             cfg,
             self.model_path,
             self.dtype,
-            num_cpus=cfg.num_cpus_per_worker,
-            num_gpus=cfg.num_gpus_per_worker,
+            self.threads[i],
+            self.cpus[i],
+            self.sleep_mode,
+            num_cpus=self.resources[0],
+            num_gpus=self.resources[1],
             placement=self.placement,
             first_bundle=i,
         )[0]
@@ -215,6 +253,13 @@ class RolloutGroup:
         return self.transport.sync_from(
             learner, version, on_death=lambda i: self.restart(i, "died before a weight sync")
         )
+
+    def sleep(self) -> None:
+        """Every engine releases its device memory (vLLM sleep mode; colocated on GPUs)."""
+        get([w.sleep.remote() for w in self.workers], timeout_s=self.cfg.timeout_s, what="sleep")
+
+    def wake_up(self) -> None:
+        get([w.wake_up.remote() for w in self.workers], timeout_s=self.cfg.timeout_s, what="wake")
 
     def policy_versions(self) -> list[int]:
         return get(

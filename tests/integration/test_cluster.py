@@ -17,6 +17,7 @@ def _small() -> TrainConfig:
     cfg.rollout.num_workers, cfg.rollout.num_cpus_per_worker = 2, 0.25
     cfg.learner.num_ranks, cfg.learner.num_cpus_per_rank = 2, 0.25
     cfg.cluster.ready_timeout_s = 60
+    cfg.cluster.colocate = False  # a group per stage (the colocated layout: test below)
     return cfg
 
 
@@ -115,3 +116,29 @@ def test_get_stops_at_the_first_death_not_at_the_slowest_call(ray_cluster):
         get([slow.block.remote(120), doomed.die.remote()], timeout_s=300, what="training step")
     assert time.monotonic() - t0 < 60
     ray.kill(slow)
+
+
+def test_colocated_stages_share_one_group_and_split_the_node_by_phase(ray_cluster):
+    """Worker i and rank i land in bundle i of one group; the phase that runs gets the node's
+    cores: 1 engine -> all of them, 2 ranks -> half each."""
+    import os
+
+    from launch.cluster import plan_threads
+
+    cfg = _small()
+    cfg.cluster.colocate = True
+    cfg.rollout.num_workers = 1
+    placement = reserve(cfg)
+    try:
+        assert placement["rollout"] is placement["learner"]
+        assert set(placement) == {"rollout", "learner", "verifier"}
+        threads = plan_threads(cfg, placement)
+        cores = sorted(os.sched_getaffinity(0))
+        assert threads.rollout == [len(cores)] and threads.rollout_cpus == [cores]
+        assert threads.learner == [max(1, len(cores) // 2)] * 2
+        actor = spawn_actor_group(Where, 1, num_cpus=0.1, placement=placement["learner"])[0]
+        assert ray.get(actor.group.remote(), timeout=60) == placement["rollout"].group.id.hex()
+        ray.kill(actor)
+    finally:
+        for group in {id(p.group): p.group for p in placement.values()}.values():
+            ray.util.remove_placement_group(group)

@@ -317,7 +317,7 @@ def test_paper_experiment_preset_has_the_papers_values(size):
     assert cfg.cluster.name == "gpu_node" and cfg.rollout.num_gpus_per_worker == 1
 
 
-@pytest.mark.parametrize("cluster", ["gpu_node", "multi_node"])
+@pytest.mark.parametrize("cluster", ["gpu_node_split", "multi_node"])
 def test_gpu_cluster_presets_use_the_collective_transport_and_validate(cluster):
     cfg = load(f"cluster={cluster}")
     assert cfg.rollout.weight_sync == "collective"
@@ -331,12 +331,12 @@ def test_gpu_cluster_presets_use_the_collective_transport_and_validate(cluster):
     [
         # learner and engine on one GPU: NCCL refuses two ranks of a group on one device
         (
-            ["cluster=gpu_node", "learner.num_gpus_per_rank=0.5"],
+            ["cluster=gpu_node_split", "learner.num_gpus_per_rank=0.5"],
             "rollout.weight_sync: collective over NCCL cannot run with "
             "learner.num_gpus_per_rank=0.5",
         ),
         (
-            ["cluster=gpu_node", "rollout.num_gpus_per_worker=0.25"],
+            ["cluster=gpu_node_split", "rollout.num_gpus_per_worker=0.25"],
             "rollout.num_gpus_per_worker=0.25: a fractional GPU",
         ),
         (
@@ -348,6 +348,27 @@ def test_gpu_cluster_presets_use_the_collective_transport_and_validate(cluster):
 def test_a_collective_sync_that_nccl_refuses_is_a_config_error(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load(*overrides)
+
+
+def test_the_colocated_gpu_node_shares_each_gpu_and_refuses_what_cannot_share():
+    from launch.cluster import actor_resources, stage_bundles
+
+    cfg = load("cluster=gpu_node")
+    assert cfg.cluster.colocate and cfg.rollout.weight_sync == "object_store"
+    # 8 bundles of one GPU; engine i and rank i take half of bundle i each
+    assert stage_bundles(cfg)["colocated"] == [{"CPU": 8, "GPU": 1}] * 8
+    assert actor_resources(cfg, "rollout") == actor_resources(cfg, "learner") == (4.0, 0.5)
+    with pytest.raises(ConfigError, match="collective over NCCL cannot run with cluster.colocate"):
+        load("cluster=gpu_node", "rollout.weight_sync=collective")
+    with pytest.raises(ConfigError, match=r"cluster.colocate: an engine with rollout.tensor_"):
+        load("cluster=gpu_node", "rollout.tensor_parallel_size=2", "rollout.num_gpus_per_worker=2")
+    with pytest.raises(ConfigError, match="cluster.colocate: engine and learner rank share one"):
+        load("cluster=gpu_node", "learner.num_gpus_per_rank=0")
+    split = load("cluster=gpu_node_split")
+    assert not split.cluster.colocate and (split.rollout.num_workers, split.learner.num_ranks) == (
+        4,
+        4,
+    )
 
 
 def test_tensor_parallel_beyond_the_workers_gpus_is_a_config_error():
