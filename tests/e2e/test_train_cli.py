@@ -248,6 +248,29 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(tmp_path, tiny_model_d
 
 
 @pytest.mark.slow
+def test_the_colocated_default_trains_like_the_split_layout(tmp_path, tiny_model_dir, whole_run):
+    """Colocated (the default: engine and ranks share one placement group, each phase computes
+    on all cores) against split devices (threads from num_cpus_*): same seed, so the same
+    samples, losses and held-out accuracy; only the thread counts differ (float rounding)."""
+    split = tmp_path / "split"
+    stdout = run_train(
+        split, *fast_tiny_overrides(tiny_model_dir), *HF_RUN, "cluster.colocate=false"
+    )
+    assert "colocated:" not in stdout
+    a, b = rows(whole_run), rows(split)
+    assert sorted(a) == sorted(b) == [0, 1, 2, 3, 4]
+    compared = 0
+    for step, row in a.items():
+        for key in ("actor/pg_loss", "actor/entropy", "reward/mean", "eval/accuracy"):
+            if key in row:
+                # fp32 with 2 threads vs 1: ~1e-7 relative; 1e-4 leaves margin, and a sample
+                # that came out differently would move these by far more
+                assert b[step][key] == pytest.approx(row[key], rel=1e-4, abs=1e-6), (step, key)
+                compared += 1
+    assert compared == 4 * 3 + 3  # 4 steps x 3 training keys + eval at steps 0, 2, 4
+
+
+@pytest.mark.slow
 def test_avspo_lowers_effective_collapse_on_the_same_rewards(tmp_path, tiny_model_dir):
     """Step 1 of both runs sees identical rewards (same seed, same weights): GRPO leaves every
     collapsed group at zero advantage (effective == raw); AVSPO, triggered, gives them non-zero
