@@ -99,6 +99,26 @@ class TrainerConfig:
     resume_allow_changes: list[str] = field(default_factory=list)
     """Config keys (or prefixes, e.g. ``learner.lr``, ``algorithm``) that may differ from the
     checkpoint's run on resume; any other difference in what changes results is refused."""
+    # ``trainer.async``: a Python keyword, so the field is declared through the class namespace
+    # (read it with ``async_mode``).
+    __annotations__["async"] = "str"
+    vars()["async"] = field(
+        default="off",
+        init=False,
+        repr=False,
+        compare=False,
+        metadata={"choices": ("off", "one_step")},
+    )
+    """``off``: generate, verify, update, sync in turn. ``one_step`` (split devices,
+    ``cluster.colocate=false``): step t+1's generation and verification run while step t
+    trains, with the weights of step t - 1, so every sample is at most one policy version behind
+    the learner (``rollout/policy_lag``); the learner recomputes old log-probs and weights each
+    token by the truncated importance ratio (``learner.old_logprobs=recompute``, required).
+    The generated step t+1 is saved with a checkpoint at step t, so a resume is bit-exact."""
+
+    @property
+    def async_mode(self) -> str:
+        return getattr(self, "async")
 
 
 @dataclass
@@ -183,7 +203,12 @@ class TrainConfig:
                 "rollout.sampling.temperature: training samples at T > 0 (the learner divides its "
                 f"logits by T), got {sampling.temperature}"
             )
-        problem = _length_problem(self) or _layout_problem(self) or _weight_sync_problem(self)
+        problem = (
+            _length_problem(self)
+            or _layout_problem(self)
+            or _weight_sync_problem(self)
+            or _async_problem(self)
+        )
         if problem:
             return problem
         budget = self.verifier.step_budget_s
@@ -230,6 +255,26 @@ def _length_problem(cfg: TrainConfig) -> str | None:
             f"learner.lr: {cfg.learner.lr:g} is the tiny model's learning rate; a pretrained "
             f"model ({cfg.model.name!r}) wants ~1e-6 (its preset sets it)"
         )
+    return None
+
+
+def _async_problem(cfg: TrainConfig) -> str | None:
+    """``trainer.async=one_step`` overlaps phases on split devices, with the importance
+    correction, and draws prompts before the previous step's update (no DAPO rounds)."""
+    if cfg.trainer.async_mode != "one_step":
+        return None
+    if cfg.cluster.colocate:
+        return (
+            "trainer.async: one_step overlaps generation with the update on split devices; "
+            "set cluster.colocate=false (colocated phases take turns on the same devices)"
+        )
+    if cfg.learner.old_logprobs != "recompute":
+        return (
+            "trainer.async: one_step trains on samples one policy version old; set "
+            "learner.old_logprobs=recompute (truncated importance weights, learner.tis_cap)"
+        )
+    if cfg.algorithm.dynamic_sampling.enabled:
+        return "trainer.async: one_step does not support algorithm.dynamic_sampling (yet)"
     return None
 
 

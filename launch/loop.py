@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -54,7 +55,7 @@ from reward.tasks import Problem, Task, TaskConfig, make_task
 from reward.verifiers import Verdict
 from rollout.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
 from rollout.seeding import derive_seed
-from rollout.types import Group
+from rollout.types import Group, Sample
 
 
 @dataclasses.dataclass
@@ -67,6 +68,31 @@ class Rollouts:
     verdicts: list  # sample order
     trained: list[bool]  # per group
     metrics: dict[str, float]
+
+    def state_dict(self) -> dict:
+        """JSON-ready (a checkpoint's sidecar): problems by uid, groups and verdicts as fields
+        (Python floats round-trip exactly through JSON)."""
+        return {
+            "uids": [p.uid for p in self.problems],
+            "groups": [dataclasses.asdict(g) for g in self.groups],
+            "verdicts": [dataclasses.asdict(v) for v in self.verdicts],
+            "trained": self.trained,
+            "metrics": self.metrics,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, problems: dict[str, Problem]) -> Rollouts:
+        groups = [
+            Group(g["prompt"], g["prompt_ids"], [Sample(**x) for x in g["samples"]])
+            for g in state["groups"]
+        ]
+        return cls(
+            [problems[uid] for uid in state["uids"]],
+            groups,
+            [Verdict(**v) for v in state["verdicts"]],
+            list(state["trained"]),
+            dict(state["metrics"]),
+        )
 
 
 class Trainer:
@@ -164,6 +190,10 @@ class Trainer:
         self.rollout.wait_ready()
         self.sampler = make_sampler(self.task.train, cfg.trainer)
         self.accuracy_start: float | None = None
+        # trainer.async=one_step: the next step's rollouts, generated while this step trains
+        self.one_step = cfg.trainer.async_mode == "one_step"
+        self.pending: Rollouts | None = None
+        self.prefetcher = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
 
     def _resolve_resume(self) -> Path | None:
         resume = self.cfg.trainer.resume
@@ -257,17 +287,19 @@ class Trainer:
             out[key] = sum(m[key] for m in per_set.values()) / len(per_set)
         return out
 
-    def collect(self, step: int) -> Rollouts:
+    def collect(self, step: int, first: list[Problem] | None = None) -> Rollouts:
         """Generate and verify one step's groups. With dynamic sampling, groups whose rewards
         are all equal are not trained: generation repeats (at most ``max_rounds`` rounds) until
         ``prompts_per_step`` informative groups exist; the trained set is the first
         ``prompts_per_step`` informative ones, topped up with collapsed ones if rounds ran out.
-        Every generated group is returned (the advantage stage's monitor sees them all)."""
+        Every generated group is returned (the advantage stage's monitor sees them all).
+        ``first``: the prompts of the first round, already drawn (one-step mode draws them on
+        the driver's thread, before the previous step updates the sampler)."""
         want, dyn = self.cfg.trainer.prompts_per_step, self.cfg.algorithm.dynamic_sampling
         problems, groups, verdicts, informative = [], [], [], []
         t_gen = t_ver = 0.0
         for rnd in range(dyn.max_rounds if dyn.enabled else 1):
-            batch = self.sampler.next(want)
+            batch = first if rnd == 0 and first is not None else self.sampler.next(want)
             params = dataclasses.replace(
                 self.cfg.rollout.sampling,
                 n=self.cfg.rollout.n_samples,
@@ -341,7 +373,16 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        r = self.collect(step)
+        r, self.pending = self.pending, None  # one-step mode prefetched it in the last step
+        prefetched = r is not None
+        if r is None:
+            r = self.collect(step)
+        prefetch = None
+        if self.one_step and step < self.cfg.trainer.total_steps:
+            # Step t+1 generates with the engines' weights (step t - 1's) while step t trains.
+            # Its prompts are drawn here, before observe_collapse updates the sampler.
+            first = self.sampler.next(self.cfg.trainer.prompts_per_step)
+            prefetch = self.prefetcher.submit(self.collect, step + 1, first)
         t1 = time.perf_counter()
         verdicts, mixed = self.mix_rewards(r)
         batch, metrics = self.stage.process(
@@ -355,19 +396,33 @@ class Trainer:
         t3 = time.perf_counter()
         if self.sleeps:
             self.rollout.wake_up()
+        t_learned = time.perf_counter()
+        if prefetch is not None:
+            self.pending = prefetch.result()  # before the sync: the engines are free again
+        t_wait = time.perf_counter() - t_learned
         self.sync_weights(step)
         t4 = time.perf_counter()
         tokens = sum(len(s.response_ids) for g in r.groups for s in g.samples)
         metrics |= r.metrics | {
             "timing_s/advantage": t2 - t1,
             "timing_s/learner": t3 - t2,
-            "timing_s/weight_sync": t4 - t3,  # export from the ranks + load into the engines
+            "timing_s/weight_sync": t4 - t3 - t_wait,  # export from the ranks + engine loads
+            "timing_s/prefetch_wait": t_wait,  # one-step mode: the next step's rollouts
             "perf/generated_tokens_per_s": tokens / max(r.metrics["timing_s/generate"], 1e-9),
             "rollout/generated_tokens": float(tokens),  # every round (DAPO), trained or not
         }
         metrics["timing_s/step"] = t4 - t0
-        stages = ("generate", "verify", "advantage", "learner", "weight_sync")
-        metrics["timing_s/other"] = t4 - t0 - sum(metrics[f"timing_s/{k}"] for k in stages)
+        stages = ("generate", "verify", "advantage", "learner", "weight_sync", "prefetch_wait")
+        if not prefetched and prefetch is None:  # everything ran in this step's time
+            metrics["timing_s/other"] = t4 - t0 - sum(metrics[f"timing_s/{k}"] for k in stages)
+        rolled = self.pending.metrics if prefetch is not None else r.metrics  # done this step
+        busy = rolled["timing_s/generate"] + rolled["timing_s/verify"]
+        metrics["perf/rollout_idle_frac"] = max(0.0, 1.0 - busy / (t4 - t0))
+        metrics["perf/learner_idle_frac"] = max(0.0, 1.0 - (t3 - t2) / (t4 - t0))
+        # the learner holds version step - 1 when it trains step t: how far behind each sample is
+        lag = [step - 1 - s.policy_version for g in r.groups for s in g.samples]
+        metrics["rollout/policy_lag"] = sum(lag) / len(lag)
+        metrics["rollout/policy_lag_max"] = float(max(lag))
         return metrics | self.fault_metrics()
 
     # ---- the run ------------------------------------------------------------------------------
@@ -431,7 +486,11 @@ class Trainer:
     def save(self, step: int) -> str:
         state = {
             "advantage_stage": self.stage.state_dict(),
-            "extra": {"sampler": self.sampler.state_dict(), "accuracy_start": self.accuracy_start},
+            "extra": {
+                "sampler": self.sampler.state_dict(),
+                "accuracy_start": self.accuracy_start,
+                "pending": None if self.pending is None else self.pending.state_dict(),
+            },
             "run": self.fingerprint(),
         }
         try:
@@ -470,6 +529,9 @@ class Trainer:
                 f"{self.sampler.kind} sampler starts afresh"
             )
         self.accuracy_start = state["extra"]["accuracy_start"]
+        pending = state["extra"].get("pending")
+        if pending is not None and self.one_step:
+            self.pending = Rollouts.from_state(pending, {p.uid: p for p in self.task.train})
         self.sync_weights(step)
         truncate_metrics(self.run_dir / "metrics.jsonl", step)
         self.log(f"resumed from {self.resume_from} at step {step}")

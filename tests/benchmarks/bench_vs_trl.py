@@ -207,7 +207,9 @@ def export_spec(workload: Workload, out: Path) -> dict:
         "steps": workload.steps,
         "num_generations": cfg.rollout.n_samples,
         "generation_batch_size": per_step,
-        "micro_batch": min(learner.micro_batch_size, per_step),
+        # ours null = a token budget (the whole step per rank on the tiny workload): TRL then
+        # gets the whole step as one micro-batch, its fastest setting here
+        "micro_batch": min(learner.micro_batch_size or per_step, per_step),
         "max_completion_length": cfg.rollout.sampling.max_new_tokens,
         "temperature": cfg.rollout.sampling.temperature,
         "learning_rate": learner.lr,

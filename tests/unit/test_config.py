@@ -416,3 +416,16 @@ def test_validate_only_and_cfg_job_check_the_whole_config(args, rc, last_line):
     lines = (out.stdout + out.stderr).strip().splitlines()
     assert any(line.startswith(last_line) for line in lines), lines[-3:]
     assert "Traceback" not in out.stderr
+
+
+def test_one_step_async_needs_split_devices_and_the_importance_correction():
+    cfg = load("trainer.async=one_step", "cluster.colocate=false", "learner.old_logprobs=recompute")
+    assert cfg.trainer.async_mode == "one_step" and load().trainer.async_mode == "off"
+    with pytest.raises(ConfigError, match="trainer.async: one_step overlaps .* cluster.colocate"):
+        load("trainer.async=one_step", "learner.old_logprobs=recompute")
+    with pytest.raises(ConfigError, match="trainer.async: .*learner.old_logprobs=recompute"):
+        load("trainer.async=one_step", "cluster.colocate=false")
+    with pytest.raises(ConfigError, match=r"trainer.async: 'two_step' is not one of"):
+        load("trainer.async=two_step")
+    split = load("cluster=gpu_node_split")
+    assert split.trainer.async_mode == "one_step"
