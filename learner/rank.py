@@ -290,13 +290,14 @@ class LearnerRank:
     def memory(self) -> tuple[str, str, float]:
         """``(node id, device kind, free bytes)``: where this rank runs and the memory its
         activations may use (GPU: free device memory now; CPU: the node's available RAM)."""
-        import psutil
         import ray
 
         node = ray.get_runtime_context().get_node_id()
         if torch.cuda.is_available():
             return node, "cuda", float(torch.cuda.mem_get_info()[0])
-        return node, "cpu", float(psutil.virtual_memory().available)
+        with open("/proc/meminfo") as f:  # MemAvailable: kB
+            fields = dict(line.split(":", 1) for line in f)
+        return node, "cpu", float(fields["MemAvailable"].split()[0]) * 1024
 
     def micro_batch_budget(self, sharing: int) -> int:
         """The automatic micro-batch token budget (learner/policy.py), memory shared by

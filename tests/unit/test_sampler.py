@@ -297,6 +297,7 @@ def _trainer(cfg: TrainConfig, problems, pattern) -> Trainer:
     t = Trainer.__new__(Trainer)  # the driver's logic only: no Ray, no actors
     t.cfg, t.rollout, t.learner, t.verify = cfg, FakeRollout(pattern), FakeLearner(), _verify
     t.verifier_restarts = 0
+    t.pending, t.one_step, t.sleeps = None, False, False  # sync loop on CPU
     t.sampler = make_sampler(problems, cfg.trainer)
     t.stage = AdvantageStage(
         cfg.algorithm,
