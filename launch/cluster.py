@@ -33,14 +33,21 @@ def stage_bundles(cfg: TrainConfig) -> dict[str, list[dict[str, float]]]:
     verifier = [bundle(1.0, 0.0)]
     if cfg.cluster.colocate:
         slots = max(r.num_workers, lr.num_ranks)
-        cpus = max(r.num_cpus_per_worker, lr.num_cpus_per_rank)
-        gpus = max(r.num_gpus_per_worker, lr.num_gpus_per_rank)
-        return {"colocated": [bundle(cpus, gpus)] * slots, "verifier": verifier}
+        return {"colocated": [bundle(*colocated_bundle(cfg))] * slots, "verifier": verifier}
     return {
         "rollout": [bundle(r.num_cpus_per_worker, r.num_gpus_per_worker)] * r.num_workers,
         "verifier": verifier,
         "learner": [bundle(lr.num_cpus_per_rank, lr.num_gpus_per_rank)] * lr.num_ranks,
     }
+
+
+def colocated_bundle(cfg: TrainConfig) -> tuple[float, float]:
+    """``(CPUs, GPUs)`` of one colocated bundle: enough for either of its two actors."""
+    r, lr = cfg.rollout, cfg.learner
+    return (
+        max(r.num_cpus_per_worker, lr.num_cpus_per_rank),
+        max(r.num_gpus_per_worker, lr.num_gpus_per_rank),
+    )
 
 
 def actor_resources(cfg: TrainConfig, stage: str) -> tuple[float, float]:
@@ -59,8 +66,7 @@ def actor_resources(cfg: TrainConfig, stage: str) -> tuple[float, float]:
     """
     r, lr = cfg.rollout, cfg.learner
     if cfg.cluster.colocate:
-        cpus = max(r.num_cpus_per_worker, lr.num_cpus_per_rank)
-        gpus = max(r.num_gpus_per_worker, lr.num_gpus_per_rank)
+        cpus, gpus = colocated_bundle(cfg)
         return cpus / 2, gpus / 2
     if stage == "rollout":
         return r.num_cpus_per_worker, r.num_gpus_per_worker

@@ -193,7 +193,9 @@ class Trainer:
         # trainer.async=one_step: the next step's rollouts, generated while this step trains
         self.one_step = cfg.trainer.async_mode == "one_step"
         self.pending: Rollouts | None = None
-        self.prefetcher = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
+        self.prefetcher = (
+            ThreadPoolExecutor(1, thread_name_prefix="prefetch") if self.one_step else None
+        )
 
     def _resolve_resume(self) -> Path | None:
         resume = self.cfg.trainer.resume
@@ -557,6 +559,8 @@ class Trainer:
         if self.learner is not None:
             self.learner.shutdown()
         ray.kill(self.verifier)
+        if self.prefetcher is not None:
+            self.prefetcher.shutdown(wait=False, cancel_futures=True)
         groups = {id(p.group): p.group for p in self.placement.values() if p is not None}
         for group in groups.values():  # colocated: rollout and learner share one
             ray.util.remove_placement_group(group)
