@@ -56,17 +56,41 @@ def train_cmd(run_dir: Path, *overrides: str) -> list[str]:
     ]
 
 
+TIMED_OUT: list[str] = []  # runs of this session that hit the limit
+
+
 def run_train(run_dir: Path, *overrides: str, env: dict | None = None) -> str:
-    out = subprocess.run(
-        train_cmd(run_dir, *overrides),
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    """``launch.train`` in a subprocess (900 s at most). After one run of the session timed out,
+    the next fail at once: a machine that slow would take the CI past its own limit, and then no
+    failure is reported at all."""
+    if TIMED_OUT:
+        pytest.fail(f"not run: an earlier launch.train run timed out ({TIMED_OUT[0]})")
+    start = time.monotonic()
+    try:
+        out = subprocess.run(
+            train_cmd(run_dir, *overrides),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    except subprocess.TimeoutExpired as e:
+        tail = str(e.stdout or "")[-3000:] + str(e.stderr or "")[-3000:]
+        echo_failure(run_dir, f"timed out after {e.timeout:.0f} s", tail)
+        TIMED_OUT.append(str(run_dir))
+        raise
+    if out.returncode != 0:
+        tail = out.stdout[-3000:] + out.stderr[-3000:]
+        echo_failure(run_dir, f"exit {out.returncode} after {time.monotonic() - start:.0f} s", tail)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
+
+
+def echo_failure(run_dir: Path, what: str, tail: str) -> None:
+    """A failed run's tail, on the terminal at once: pytest shows captured output only in its
+    final summary, which a CI run that hits its time limit never prints."""
+    print(f"\n--- launch.train in {run_dir}: {what} ---\n{tail[-2000:]}\n---", file=sys.__stderr__)
 
 
 def rows(run_dir: Path) -> dict[int, dict]:
