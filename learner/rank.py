@@ -25,6 +25,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -163,6 +164,26 @@ def decoder_tokens(mb: TrainBatch, shared_prefix: bool) -> float:
     return float(mb.prompt_lens[first].sum() + responses.sum())
 
 
+def clear_stale_build_lock(
+    name: str = "deepspeed_shm_comm", older_than_s: float = 600.0
+) -> str | None:
+    """Remove torch's JIT build lock of the extension ``name`` (DeepSpeed's CPU shm op, built on
+    the first ``deepspeed.init_distributed`` of a machine) when it is older than any build (one
+    takes ~30 s here): a process killed while building leaves the lock behind, and every later
+    run then waits on it forever. Returns the removed path, else None."""
+    from torch.utils import cpp_extension
+
+    try:
+        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
+        if time.time() - lock.stat().st_mtime < older_than_s:
+            return None
+        lock.unlink()
+    except (OSError, AttributeError):  # no lock (or a torch without the helper)
+        return None
+    print(f"learner: removed a stale build lock {lock} (older than {older_than_s:.0f} s)")
+    return str(lock)
+
+
 class LearnerRank:
     def __init__(
         self,
@@ -215,6 +236,8 @@ class LearnerRank:
             LOCAL_RANK="0",
         )
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if self.rank == 0:  # before the rendezvous: no rank of this node builds yet
+            clear_stale_build_lock()
         # The store first, on the socket rank 0 bound (torch's env:// store would listen on
         # every interface); DeepSpeed then adopts the initialised default group.
         timeout = datetime.timedelta(seconds=self.cfg.timeout_s)
