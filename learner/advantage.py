@@ -56,6 +56,7 @@ from torch import Tensor
 from diagnostics.acr import CollapseStats, collapse_stats
 
 STRATEGIES = ("stratified", "fixed", "random", "opposite")
+AUGMENT = ("both", "incorrect", "correct")  # which collapsed groups AVSPO may augment
 
 
 @dataclass(frozen=True)
@@ -274,10 +275,16 @@ def avspo_advantages(
     k: int | None = None,
     unbiased: bool = True,
     generator: torch.Generator | None = None,
+    augment: str = "both",
 ) -> AdvantageResult:
-    """AVSPO advantages (module docstring); non-augmented groups are bit-identical to GRPO."""
+    """AVSPO advantages (module docstring); non-augmented groups are bit-identical to GRPO.
+    ``augment``: the paper's mechanism isolation, which collapsed groups may get virtual samples
+    when the trigger fires: ``both`` (AVSPO), ``incorrect`` (all-incorrect groups only) or
+    ``correct`` (all-correct groups only); the trigger and K_j still use the whole step's ACR."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
+    if augment not in AUGMENT:
+        raise ValueError(f"unknown AVSPO augment {augment!r}; expected one of {AUGMENT}")
     if k is not None and k < 1:
         raise ValueError(f"k must be >= 1 or None, got {k}")
     r_lo, r_hi = reward_range
@@ -288,7 +295,12 @@ def avspo_advantages(
     center = stats.mean
     denom = _grpo_denom(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
     triggered = stats.acr > tau_adapt
-    augmented = stats.collapsed & triggered  # [M]
+    stratum = stats.collapsed  # "both"
+    if augment == "correct":
+        stratum = stats.high
+    elif augment == "incorrect":
+        stratum = stats.collapsed & ~stats.high
+    augmented = stratum & triggered  # [M]
     if not bool(augmented.any()):
         return _result(stats, _apply(rewards, stats, center, denom), triggered=triggered)
 
@@ -533,6 +545,7 @@ def _avspo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, histo
         k=a.k,
         unbiased=cfg.unbiased_std,
         generator=generator,
+        augment=a.augment,
     )
 
 

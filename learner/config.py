@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from learner.advantage import ESTIMATORS, STRATEGIES
+from learner.advantage import AUGMENT, ESTIMATORS, STRATEGIES
 from learner.logprobs import CHUNK_TOKENS, LOGITS_MODES
 from learner.loss import LossConfig
 from learner.trigger import TriggerConfig
@@ -28,6 +28,9 @@ class AvspoConfig:
     """Anchor of ``stratified`` virtual rewards for all-incorrect groups (share of the range)."""
     k: int | None = field(default=None, metadata={"ge": 1})
     """Fixed number of virtual samples per collapsed group (ablation); null = adaptive K_t."""
+    augment: str = field(default="both", metadata={"choices": AUGMENT})
+    """Which collapsed groups get virtual samples: both (AVSPO), incorrect (all-incorrect groups
+    only) or correct (all-correct only): the paper's mechanism isolation (ablation)."""
 
 
 @dataclass

@@ -122,6 +122,26 @@ def test_opposite_strategy():
     assert res.advantages.tolist() == pytest.approx([-0.5] * 3 + [0.5] * 3)
 
 
+def test_mechanism_isolation_augments_one_stratum_only():
+    # The paper's mechanism isolation: the same opposite-strategy batch as above (ACR 1 > 0.5).
+    # augment="incorrect": only the all-incorrect group (0, 0, 0) gets its virtual 1 (A = -0.5),
+    # the all-correct one stays at exactly 0; "correct" the other way round; "both" = default.
+    r = t([0.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    g = ids([0, 0, 0, 1, 1, 1])
+
+    def run(augment):
+        return avspo_advantages(r, g, tau_adapt=0.5, strategy="opposite", eps=0.0, augment=augment)
+
+    low, high, both = run("incorrect"), run("correct"), run("both")
+    assert low.augmented.tolist() == [True, False] and low.num_virtual == 1
+    assert low.advantages.tolist() == pytest.approx([-0.5] * 3 + [0.0] * 3)
+    assert high.augmented.tolist() == [False, True]
+    assert high.advantages.tolist() == pytest.approx([0.0] * 3 + [0.5] * 3)
+    assert both.advantages.tolist() == pytest.approx([-0.5] * 3 + [0.5] * 3)
+    with pytest.raises(ValueError, match="augment"):
+        run("neither")
+
+
 def test_random_strategy_is_seeded_and_in_range():
     r = t([1.0] * 8 + [0.0] * 8)
     g = ids([0] * 8 + [1] * 8)
