@@ -1,0 +1,685 @@
+"""``python -m launch.reproduce EXPERIMENT``: a resumable grid of training runs, then statistics.
+
+An experiment is a YAML file (``conf/reproduce/<name>.yaml``, or any path) naming a grid: the
+``base`` overrides every run shares, ``axes`` (each a name -> {value: overrides}), ``seeds`` and a
+``baseline`` cell. Every (cell, seed) is one ``python -m launch.train`` subprocess, run one after
+another on this machine (seed-major: every cell's seed 0 first, so a partial grid already compares
+every cell). As each run ends, its summary row is appended to the experiment's ``results`` file
+(JSON lines, committed), so running the command again, on this machine or a fresh one, continues
+where the last stopped: a (cell, seed) with a row is skipped; a failed run's row carries its error
+and is not retried unless ``--retry-failed``; an interrupted run resumes from its own checkpoint
+(``trainer.resume=auto``) where its run directory survived, else starts over (runs are seeded:
+the same row either way, wall time aside).
+
+Then the aggregate (``--report-only`` does only this): per cell the mean, standard deviation and
+95% confidence interval (Student t) of each figure over seeds, the paired per-seed difference
+against the baseline cell, accuracy at equal rollout tokens, an optional fitted line (E2: final
+accuracy against early ACR, with R^2 and a 95% band beside the paper's line), and plots. Tables
+and plots go into ``docs/RESULTS.md`` between this experiment's markers (``--report``), with the
+exact command of every cell; the text outside the markers is left alone.
+
+What each row reports (:func:`summarize_run`): held-out greedy accuracy, pass@k and mean@k at
+step 0, at each evaluation and at the end; ACR (raw, effective, all-correct, all-incorrect);
+early ACR (mean ``acr/raw`` over the first quarter of the steps) and ACR100 (runs of >= 100
+steps); rollout tokens generated and tokens that carried gradient; wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import fcntl
+import itertools
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from diagnostics.stats import Estimate, estimate, fit, paired
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf" / "reproduce"
+KEYS = {
+    "description",
+    "results",
+    "runs_dir",
+    "seeds",
+    "base",
+    "axes",
+    "baseline",
+    "tables_by",
+    "fit",
+    "timeout_s",
+    "report",
+}
+# The figures aggregated per cell, in table order: (row key, heading, scale for display)
+FIGURES = (
+    ("final_accuracy", "final greedy acc", 1.0),
+    ("gain", "gain (final - step 0)", 1.0),
+    ("acc_at_equal_tokens", "acc at equal tokens", 1.0),
+    ("final_pass_at_k", "final pass@k", 1.0),
+    ("final_mean_at_k", "final mean@k", 1.0),
+    ("acr_raw", "ACR raw", 1.0),
+    ("acr_effective", "ACR effective", 1.0),
+    ("acr_low", "all-incorrect", 1.0),
+    ("acr_high", "all-correct", 1.0),
+    ("early_acr", "early ACR", 1.0),
+    ("generated_tokens", "rollout tokens (k)", 1e-3),
+    ("grad_tokens", "grad tokens (k)", 1e-3),
+    ("wall_s", "wall s", 1.0),
+)
+
+
+class ExperimentError(ValueError):
+    """A bad experiment file: the message names the file and key."""
+
+
+@dataclass
+class Experiment:
+    name: str
+    path: Path
+    seeds: list[int]
+    base: list[str]
+    axes: dict[str, dict[str, list[str]]]
+    baseline: dict[str, str]
+    results: Path
+    runs_dir: Path
+    report: Path
+    description: str = ""
+    tables_by: str | None = None  # an axis: one table per value of it
+    fit: dict | None = None  # {"x": row key, "y": row key}: a fitted line over every ok row
+    timeout_s: float = 3600.0
+    cells: list[dict[str, str]] = field(init=False)
+
+    def __post_init__(self):
+        self.cells = [
+            dict(zip(self.axes, values, strict=True))
+            for values in itertools.product(*(list(v) for v in self.axes.values()))
+        ]
+
+    def overrides(self, cell: dict[str, str], seed: int) -> list[str]:
+        """The ``launch.train`` overrides of one run (its command, without where it writes)."""
+        own = [o for axis, value in cell.items() for o in self.axes[axis][value]]
+        return [*self.base, *own, f"trainer.seed={seed}"]
+
+    def run_dir(self, cell: dict[str, str], seed: int) -> Path:
+        return self.runs_dir / "__".join(cell.values()) / f"seed{seed}"
+
+
+def cell_id(cell: dict[str, str]) -> str:
+    """``"method=grpo,setting=hard"``: a cell's key in the results file."""
+    return ",".join(f"{k}={v}" for k, v in cell.items())
+
+
+def load_experiment(name_or_path: str) -> Experiment:
+    """``conf/reproduce/<name>.yaml`` or a path; relative paths inside resolve against the
+    repository root. Unknown keys and malformed values raise :class:`ExperimentError`."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CONF / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in CONF.glob("*.yaml"))
+        raise ExperimentError(f"{path}: no such experiment file (known: {', '.join(known)})")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ExperimentError(f"{path}: not valid YAML: {e}") from None
+
+    def bad(key: str, why: str) -> ExperimentError:
+        return ExperimentError(f"{path}: {key}: {why}")
+
+    if not isinstance(raw, dict):
+        raise bad("(top level)", "must be a mapping")
+    for key in raw:
+        if key not in KEYS:
+            raise bad(key, f"unknown key (known: {', '.join(sorted(KEYS))})")
+    seeds = raw.get("seeds", [0])
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        raise bad("seeds", "must be a non-empty list of integers")
+
+    def overrides(value, key: str) -> list[str]:
+        value = value if value is not None else []
+        if not (isinstance(value, list) and all(isinstance(o, str) for o in value)):
+            raise bad(key, "must be a list of override strings")
+        return value
+
+    axes_raw = raw.get("axes")
+    if not (isinstance(axes_raw, dict) and axes_raw):
+        raise bad("axes", "must map each axis name to {value: [overrides]}")
+    axes = {}
+    for axis, values in axes_raw.items():
+        if not (isinstance(values, dict) and values):
+            raise bad(f"axes.{axis}", "must map each value name to a list of overrides")
+        axes[str(axis)] = {str(v): overrides(o, f"axes.{axis}.{v}") for v, o in values.items()}
+    baseline = raw.get("baseline") or {}
+    if not isinstance(baseline, dict):
+        raise bad("baseline", "must map axes to the baseline's values")
+    for axis, value in baseline.items():
+        if axis not in axes or str(value) not in axes[axis]:
+            raise bad(f"baseline.{axis}", f"{value!r} is not a value of an axis")
+    tables_by = raw.get("tables_by")
+    if tables_by is not None and tables_by not in axes:
+        raise bad("tables_by", f"{tables_by!r} is not an axis")
+    fit_cfg = raw.get("fit")
+    if fit_cfg is not None and not (isinstance(fit_cfg, dict) and {"x", "y"} <= set(fit_cfg)):
+        raise bad("fit", "must be {x: <row key>, y: <row key>}")
+    name = path.stem
+
+    def where(key: str, default: str) -> Path:
+        p = Path(raw.get(key, default))
+        return p if p.is_absolute() else ROOT / p
+
+    return Experiment(
+        name=name,
+        path=path,
+        seeds=seeds,
+        base=overrides(raw.get("base"), "base"),
+        axes=axes,
+        baseline={str(k): str(v) for k, v in baseline.items()},
+        results=where("results", f"docs/results/{name}.jsonl"),
+        runs_dir=where("runs_dir", f"runs/reproduce/{name}"),
+        report=where("report", "docs/RESULTS.md"),
+        description=str(raw.get("description", "")).strip(),
+        tables_by=tables_by,
+        fit=fit_cfg,
+        timeout_s=float(raw.get("timeout_s", 3600.0)),
+    )
+
+
+# --- one run's row --------------------------------------------------------------------------
+
+
+def summarize_run(run_dir: Path) -> dict:
+    """The figures of one finished run (module docstring), from its metrics.jsonl and config."""
+    from diagnostics.report import load_run, summarize
+
+    run = load_run(run_dir)
+    s = summarize(run)
+    steps = s["last_step"]
+    gen_steps, gen = run.series("rollout/generated_tokens")
+    cumulative, total = {}, 0.0
+    for step, v in zip(gen_steps, gen, strict=True):
+        total += v
+        cumulative[step] = total
+    k = next(
+        (int(key.split("@")[1]) for key in run.metric_names() if key.startswith("eval/pass@")),
+        None,
+    )
+    evals = []
+    for step, row in run.rows.items():
+        if "eval/accuracy" not in row:
+            continue
+        tokens = max((t for st, t in cumulative.items() if st <= step), default=0.0)
+        evals.append(
+            {
+                "step": step,
+                "accuracy": row["eval/accuracy"],
+                "pass_at_k": row.get(f"eval/pass@{k}"),
+                "mean_at_k": row.get(f"eval/mean@{k}"),
+                "generated_tokens": tokens,
+            }
+        )
+    start = next((e for e in evals if e["step"] == 0), None)
+    end = evals[-1] if evals and evals[-1]["step"] >= 1 else None
+
+    def mean_over(key: str, last: int) -> float | None:
+        vals = [v for st, v in zip(*run.series(key), strict=True) if 1 <= st <= last]
+        return math.fsum(vals) / len(vals) if vals else None
+
+    grad = 0.0
+    for row in run.rows.values():
+        if "perf/learner_tokens" in row:
+            grad += row["perf/learner_tokens"] * (1.0 - row.get("acr/wasted_token_frac", 0.0))
+    return {
+        "steps": steps,
+        "k": k,
+        "start_accuracy": start and start["accuracy"],
+        "final_accuracy": end and end["accuracy"],
+        "gain": (end["accuracy"] - start["accuracy"]) if start and end else None,
+        "start_pass_at_k": start and start["pass_at_k"],
+        "final_pass_at_k": end and end["pass_at_k"],
+        "start_mean_at_k": start and start["mean_at_k"],
+        "final_mean_at_k": end and end["mean_at_k"],
+        "evals": evals,
+        "acr_raw": s["mean_acr_raw"],
+        "acr_effective": s["mean_acr_effective"],
+        "acr_high": s["mean_acr_high"],
+        "acr_low": s["mean_acr_low"],
+        # the first quarter of the run (at least one step); ACR100 only where 100 steps ran
+        "early_acr": mean_over("acr/raw", max(1, math.ceil(steps / 4))),
+        "acr100": mean_over("acr/raw", 100) if steps >= 100 else None,
+        "trigger_rate": s["trigger_rate"],
+        "generated_tokens": total,
+        # response tokens trained on whose advantage was not zero (per PPO epoch)
+        "grad_tokens": grad,
+        "time_per_step_s": s["time_per_step_s"],
+    }
+
+
+# --- the grid -------------------------------------------------------------------------------
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The results file's rows (a torn last line, from a killed writer, is skipped)."""
+    if not path.exists():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            print(f"{path}:{n}: unreadable row skipped", file=sys.stderr)
+    return rows
+
+
+def latest(rows: list[dict]) -> dict[tuple[str, int], dict]:
+    """The last row of each (cell, seed)."""
+    return {(r["cell_id"], r["seed"]): r for r in rows}
+
+
+def git_rev() -> str | None:
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return None
+    return (rev + ("+dirty" if dirty else "")) or None
+
+
+def host() -> str:
+    """The CPU model and core count: the tiny model's warm start depends on the CPU's float
+    kernels (docs/NOTES.md), so rows from different CPUs are not comparable."""
+    name = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{name}, {len(os.sched_getaffinity(0))} cores"
+
+
+def command(exp: Experiment, cell: dict[str, str], seed: int) -> str:
+    return shlex.join(["python", "-m", "launch.train", *exp.overrides(cell, seed)])
+
+
+def run_one(exp: Experiment, cell: dict[str, str], seed: int) -> dict:
+    """Train one (cell, seed) in a subprocess and return its row (status ok or failed)."""
+    run_dir = exp.run_dir(cell, seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "launch.train",
+        *exp.overrides(cell, seed),
+        f"trainer.run_dir={run_dir}",
+        f"hydra.run.dir={run_dir}/hydra",
+        "trainer.resume=auto",
+    ]
+    row = {
+        "experiment": exp.name,
+        "cell_id": cell_id(cell),
+        "cell": cell,
+        "seed": seed,
+        "command": command(exp, cell, seed),
+        "git": git_rev(),
+        "host": host(),
+    }
+    start = time.monotonic()
+    log = run_dir / "train.log"
+    with open(log, "w") as out:
+        try:
+            proc = subprocess.run(
+                argv,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=exp.timeout_s,
+            )
+            error = None if proc.returncode == 0 else f"exit status {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            error = f"timed out after {exp.timeout_s:.0f} s"
+    row["wall_s"] = round(time.monotonic() - start, 1)
+    row["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    if error is None:
+        try:
+            row |= summarize_run(run_dir)
+        except Exception as e:  # noqa: BLE001 - a run that cannot be read is a failed run
+            error = f"unreadable metrics: {e}"
+    if error is not None:
+        tail = log.read_text(errors="replace").strip().splitlines()[-12:]
+        row |= {"status": "failed", "error": f"{error}: " + " | ".join(tail)[-1500:]}
+    else:
+        row["status"] = "ok"
+    return row
+
+
+def append_row(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def pending(exp: Experiment, rows: list[dict], retry_failed: bool) -> list[tuple[dict, int]]:
+    """The (cell, seed) pairs still to run, seed-major."""
+    done = latest(rows)
+    todo = []
+    for seed in exp.seeds:
+        for cell in exp.cells:
+            row = done.get((cell_id(cell), seed))
+            if row is None or (retry_failed and row.get("status") != "ok"):
+                todo.append((cell, seed))
+    return todo
+
+
+def run_grid(exp: Experiment, *, retry_failed: bool = False, max_runs: int | None = None) -> int:
+    """Run what is pending (at most ``max_runs``), one row per run; returns how many ran."""
+    exp.results.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(exp.results.with_suffix(".lock"), "w")  # noqa: SIM115 - held for the whole grid
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(
+            f"{exp.results}: another launch.reproduce is running this experiment"
+        ) from None
+    todo = pending(exp, read_rows(exp.results), retry_failed)
+    total = len(exp.cells) * len(exp.seeds)
+    print(f"{exp.name}: {total - len(todo)} of {total} runs have rows; {len(todo)} to run")
+    ran = 0
+    for cell, seed in todo[:max_runs]:
+        print(f"[{ran + 1}/{len(todo)}] {cell_id(cell)} seed {seed} ...", flush=True)
+        row = run_one(exp, cell, seed)
+        append_row(exp.results, row)
+        ran += 1
+        what = (
+            f"final accuracy {row['final_accuracy']}"
+            if row["status"] == "ok"
+            else row["error"][:300]
+        )
+        print(f"    {row['status']} in {row['wall_s']:.0f} s: {what}", flush=True)
+    lock.close()
+    return ran
+
+
+# --- the aggregate --------------------------------------------------------------------------
+
+
+def equal_token_accuracy(rows: list[dict]) -> dict[int, float | None]:
+    """Per row (by index): greedy accuracy at the last evaluation whose cumulative rollout
+    tokens fit the smallest total of the group, so that arms that generate more (DAPO's
+    resampling, more steps) are compared at the same generation budget."""
+    totals = [r["generated_tokens"] for r in rows if r.get("generated_tokens")]
+    if not totals:
+        return {}
+    budget = min(totals)
+    out = {}
+    for i, r in enumerate(rows):
+        fits = [e for e in r.get("evals", []) if e["generated_tokens"] <= budget + 1e-9]
+        out[i] = fits[-1]["accuracy"] if fits else None
+    return out
+
+
+@dataclass
+class CellStats:
+    cell: dict[str, str]
+    figures: dict[str, Estimate]
+    versus: dict[str, Estimate]  # paired difference against the baseline cell, per figure
+    seeds: list[int]
+    failed: list[tuple[int, str]]
+
+
+def aggregate(exp: Experiment, rows: list[dict]) -> list[CellStats]:
+    """Per cell: each figure's estimate over the seeds with an ok row, and paired differences
+    against the baseline cell (the same cell with the baseline's axis values)."""
+    done = latest(rows)
+    ok = {key: r for key, r in done.items() if r.get("status") == "ok"}
+    # accuracy at equal rollout tokens, within each table group (and seed-independent budget)
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for key in ok:
+        cell = ok[key]["cell"]
+        groups.setdefault(cell.get(exp.tables_by, "") if exp.tables_by else "", []).append(key)
+    for keys in groups.values():
+        for i, acc in equal_token_accuracy([ok[k] for k in keys]).items():
+            ok[keys[i]]["acc_at_equal_tokens"] = acc
+    out = []
+    for cell in exp.cells:
+        cid = cell_id(cell)
+        mine = {seed: ok.get((cid, seed)) for seed in exp.seeds}
+        mine = {s: r for s, r in mine.items() if r is not None}
+        base_cell = {**cell, **exp.baseline}
+        base = {s: ok.get((cell_id(base_cell), s)) for s in exp.seeds}
+        base = {s: r for s, r in base.items() if r is not None}
+        figures, versus = {}, {}
+        for key, _, _ in FIGURES:
+            figures[key] = estimate([r.get(key) for r in mine.values()])
+            if exp.baseline and base_cell != cell:
+                versus[key] = paired(
+                    {s: r.get(key) for s, r in mine.items()},
+                    {s: r.get(key) for s, r in base.items()},
+                )
+        failed = [
+            (s, done[(cid, s)].get("error", "")[:200])
+            for s in exp.seeds
+            if (cid, s) in done and done[(cid, s)].get("status") != "ok"
+        ]
+        out.append(CellStats(cell, figures, versus, sorted(mine), failed))
+    return out
+
+
+def _fmt(e: Estimate | None, scale: float) -> str:
+    if e is None or e.mean is None:
+        return "n/a"
+    digits = 1 if scale != 1.0 or abs(e.mean) >= 100 else 3
+    out = f"{e.mean * scale:.{digits}f}"
+    return out + (f" +- {e.ci * scale:.{digits}f}" if e.ci is not None else "")
+
+
+def shown_path(p: Path) -> str:
+    """``p`` relative to the repository when inside it."""
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def report_markdown(exp: Experiment, rows: list[dict], plots: list[Path]) -> str:
+    """The experiment's section of RESULTS.md: what was run, tables, the fit, plots, commands."""
+    stats = aggregate(exp, rows)
+    done = latest(rows)
+    n_ok = sum(r.get("status") == "ok" for r in done.values())
+    total = len(exp.cells) * len(exp.seeds)
+    lines = [
+        f"### {exp.name}",
+        "",
+        exp.description,
+        "",
+        f"Runs with rows: {len(done)} of {total} ({n_ok} ok). Figures: mean +- 95% CI half-width "
+        f"(Student t over seeds; none for one seed). Rerun or continue: "
+        f"`python -m launch.reproduce {shown_path(exp.path)}`; rows: `{shown_path(exp.results)}`.",
+        "",
+    ]
+    shown = ("final_accuracy", "gain", "acc_at_equal_tokens", "final_pass_at_k", "acr_raw")
+    shown += ("acr_effective", "acr_low", "acr_high", "early_acr", "generated_tokens")
+    shown += ("grad_tokens", "wall_s")
+    heads = {k: (h, sc) for k, h, sc in FIGURES}
+    group_values = list(exp.axes[exp.tables_by]) if exp.tables_by else [None]
+    for value in group_values:
+        part = [c for c in stats if value is None or c.cell[exp.tables_by] == value]
+        if value is not None:
+            lines += [f"**{exp.tables_by} = {value}**", ""]
+        axes = [a for a in exp.axes if a != exp.tables_by]
+        vs = " / ".join(f"{exp.baseline[a]}" for a in exp.baseline if a != exp.tables_by)
+        header = [*axes, "seeds", *(heads[k][0] for k in shown)]
+        if exp.baseline:
+            header.insert(len(axes) + 2, f"final acc - {vs} (paired)")
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + " --- |" * len(header))
+        for c in part:
+            cells = [c.cell[a] for a in axes] + [str(len(c.seeds))]
+            cells += [_fmt(c.figures[k], heads[k][1]) for k in shown[:1]]
+            if exp.baseline:
+                cells.append(
+                    _fmt(c.versus.get("final_accuracy"), 1.0) if c.versus else "(baseline)"
+                )
+            cells += [_fmt(c.figures[k], heads[k][1]) for k in shown[1:]]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if exp.fit:
+        lines += fit_markdown(exp, rows)
+    failed = [(c, s, e) for c in stats for s, e in c.failed]
+    if failed:
+        lines += ["Failed runs (recorded, not retried without `--retry-failed`):", ""]
+        lines += [f"- {cell_id(c.cell)} seed {s}: {e}" for c, s, e in failed]
+        lines.append("")
+    for p in plots:
+        rel = os.path.relpath(p, exp.report.parent)
+        lines += [f"![{p.stem}]({rel})", ""]
+    lines += ["<details><summary>The command of every cell (add trainer.seed=S)</summary>", ""]
+    for cell in exp.cells:
+        cmd = command(exp, cell, 0).removesuffix(" trainer.seed=0")
+        lines.append(f"- {cell_id(cell)}: `{cmd}`")
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+def fit_points(exp: Experiment, rows: list[dict]) -> list[tuple[float, float]]:
+    x, y = exp.fit["x"], exp.fit["y"]
+    pts = []
+    for r in latest(rows).values():
+        if r.get("status") == "ok" and r.get(x) is not None and r.get(y) is not None:
+            pts.append((float(r[x]), float(r[y])))
+    return pts
+
+
+def fit_markdown(exp: Experiment, rows: list[dict]) -> list[str]:
+    """The fitted line (accuracy in %, as the paper) over every ok row, beside the paper's."""
+    pts = fit_points(exp, rows)
+    x, y = exp.fit["x"], exp.fit["y"]
+    if len(pts) < 3 or len({p[0] for p in pts}) < 2:
+        return [f"Fit of {y} on {x}: too few distinct points ({len(pts)}).", ""]
+    f = fit([p[0] for p in pts], [100 * p[1] for p in pts])
+    return [
+        f"Fit over {f.n} runs: {y} (%) = {f.intercept:.1f} {'-' if f.slope < 0 else '+'} "
+        f"{abs(f.slope):.1f} x {x}, R^2 = {f.r2:.3f}; 95% band half-width at the mean "
+        f"{x} ({f.mean_x:.2f}): {f.band(f.mean_x):.1f} points. The paper: accuracy (%) = "
+        f"51.4 - 29.6 x ACR100, R^2 = 0.617 (245 runs of Qwen2.5 models on MATH).",
+        "",
+    ]
+
+
+def write_plots(exp: Experiment, rows: list[dict], folder: Path) -> list[Path]:
+    """Final accuracy per cell with 95% CI bars (one panel per table group); the fit's scatter,
+    line, band and the paper's line. Returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stats = aggregate(exp, rows)
+    written = []
+    values = list(exp.axes[exp.tables_by]) if exp.tables_by else [None]
+    fig, axes = plt.subplots(1, len(values), figsize=(4 + 2.2 * len(values), 4), squeeze=False)
+    for ax, value in zip(axes[0], values, strict=True):
+        part = [c for c in stats if value is None or c.cell[exp.tables_by] == value]
+        names = [",".join(v for a, v in c.cell.items() if a != exp.tables_by) for c in part]
+        means = [c.figures["final_accuracy"].mean for c in part]
+        cis = [c.figures["final_accuracy"].ci or 0.0 for c in part]
+        xs = range(len(part))
+        ax.errorbar(xs, [m if m is not None else math.nan for m in means], yerr=cis, fmt="o")
+        ax.set_xticks(list(xs), names, rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"{exp.tables_by} = {value}" if value is not None else exp.name, fontsize=9)
+        ax.set_ylabel("final greedy accuracy (95% CI)")
+    fig.tight_layout()
+    path = folder / f"{exp.name}_final_accuracy.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    if exp.fit:
+        pts = fit_points(exp, rows)
+        if len(pts) >= 3 and len({p[0] for p in pts}) >= 2:
+            f = fit([p[0] for p in pts], [100 * p[1] for p in pts])
+            fig, ax = plt.subplots(figsize=(5.5, 4))
+            ax.scatter([p[0] for p in pts], [100 * p[1] for p in pts], s=12, label="runs")
+            lo, hi = min(p[0] for p in pts), max(p[0] for p in pts)
+            grid = [lo + (hi - lo) * i / 50 for i in range(51)]
+            line = [f.intercept + f.slope * g for g in grid]
+            band = [f.band(g) for g in grid]
+            ax.plot(grid, line, label=f"fit, R^2 = {f.r2:.2f}")
+            lower = [a - b for a, b in zip(line, band, strict=True)]
+            upper = [a + b for a, b in zip(line, band, strict=True)]
+            ax.fill_between(grid, lower, upper, alpha=0.2, label="95% band")
+            ax.plot([0, 1], [51.4, 51.4 - 29.6], "--", label="paper: 51.4 - 29.6 x ACR100")
+            ax.set_xlabel(exp.fit["x"])
+            ax.set_ylabel(f"{exp.fit['y']} (%)")
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            path = folder / f"{exp.name}_fit.png"
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            written.append(path)
+    return written
+
+
+def write_report(exp: Experiment) -> Path:
+    """Replace the experiment's section of ``exp.report`` (between its markers; appended when
+    absent) with fresh tables and plots."""
+    rows = read_rows(exp.results)
+    plots = write_plots(exp, rows, exp.results.parent) if rows else []
+    begin, end = f"<!-- reproduce:{exp.name} begin -->", f"<!-- reproduce:{exp.name} end -->"
+    section = f"{begin}\n{report_markdown(exp, rows, plots)}{end}"
+    text = exp.report.read_text() if exp.report.exists() else "# Results\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    exp.report.parent.mkdir(parents=True, exist_ok=True)
+    exp.report.write_text(text)
+    return exp.report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m launch.reproduce", description="A resumable grid of runs, then statistics."
+    )
+    ap.add_argument("experiment", help="a name in conf/reproduce/ or a YAML path")
+    ap.add_argument("--report-only", action="store_true", help="only aggregate and write")
+    ap.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    ap.add_argument("--max-runs", type=int, default=None, help="stop after this many runs")
+    ap.add_argument("--list", action="store_true", help="print the pending runs and exit")
+    args = ap.parse_args(argv)
+    try:
+        exp = load_experiment(args.experiment)
+    except ExperimentError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.list:
+        for cell, seed in pending(exp, read_rows(exp.results), args.retry_failed):
+            print(f"{cell_id(cell)} seed {seed}: {command(exp, cell, seed)}")
+        return 0
+    if not args.report_only:
+        with contextlib.suppress(KeyboardInterrupt):
+            run_grid(exp, retry_failed=args.retry_failed, max_runs=args.max_runs)
+    print(f"wrote {write_report(exp)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""``python -m launch.reproduce``: the experiment file's validation, the aggregate on hand-made
+rows (means, t intervals, paired differences, equal-token accuracy), the report section between
+its markers, and a real 2-cell grid of 2-step ``launch.train`` runs whose rows are appended once
+and skipped on a rerun, with a failing cell recorded with its error and not retried."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.reproduce import (
+    ExperimentError,
+    aggregate,
+    cell_id,
+    equal_token_accuracy,
+    load_experiment,
+    pending,
+    read_rows,
+    write_report,
+)
+from tests.conftest import fast_tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def experiment_file(tmp_path: Path, **extra) -> Path:
+    spec = {
+        "description": "two methods",
+        "results": str(tmp_path / "res" / "demo.jsonl"),
+        "runs_dir": str(tmp_path / "runs"),
+        "report": str(tmp_path / "RESULTS.md"),
+        "seeds": [0, 1, 2],
+        "base": ["rollout=hf"],
+        "axes": {"method": {"grpo": ["algorithm=grpo"], "avspo": ["algorithm=avspo"]}},
+        "baseline": {"method": "grpo"},
+        **extra,
+    }
+    path = tmp_path / "demo.yaml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return path
+
+
+def row(method: str, seed: int, acc: float, tokens: float = 100.0, **kw) -> dict:
+    cell = {"method": method}
+    return {
+        "cell_id": cell_id(cell),
+        "cell": cell,
+        "seed": seed,
+        "status": "ok",
+        "final_accuracy": acc,
+        "generated_tokens": tokens,
+        **kw,
+    }
+
+
+def test_bad_experiment_files_name_the_key(tmp_path):
+    with pytest.raises(ExperimentError, match="seedz: unknown key"):
+        load_experiment(str(experiment_file(tmp_path, seedz=[1])))
+    with pytest.raises(ExperimentError, match=r"baseline.method: 'ppo' is not a value"):
+        load_experiment(str(experiment_file(tmp_path, baseline={"method": "ppo"})))
+    with pytest.raises(ExperimentError, match="axes.method.grpo: must be a list"):
+        load_experiment(str(experiment_file(tmp_path, axes={"method": {"grpo": "x=1"}})))
+    with pytest.raises(ExperimentError, match="no such experiment file"):
+        load_experiment("no_such_experiment")
+
+
+def test_the_shipped_experiments_load():
+    for path in sorted((ROOT / "conf" / "reproduce").glob("*.yaml")):
+        exp = load_experiment(str(path))
+        assert exp.cells and exp.seeds, path
+
+
+def test_aggregate_means_intervals_and_paired_differences(tmp_path):
+    exp = load_experiment(str(experiment_file(tmp_path)))
+    rows = [
+        row("grpo", 0, 0.40),
+        row("grpo", 1, 0.50),
+        row("grpo", 2, 0.60),
+        row("avspo", 0, 0.45),
+        row("avspo", 1, 0.60),
+        row("avspo", 2, 0.60),
+        {**row("avspo", 2, 0.99), "status": "failed", "error": "boom"},  # the latest row wins
+    ]
+    grpo, avspo = aggregate(exp, rows)
+    # grpo: mean 0.5, sd 0.1, ci = t(2) 4.303 * 0.1 / sqrt(3) = 0.248434
+    g = grpo.figures["final_accuracy"]
+    assert (g.n, round(g.mean, 9), round(g.sd, 9), round(g.ci, 5)) == (3, 0.5, 0.1, 0.24843)
+    assert grpo.versus == {}  # the baseline itself
+    # avspo seed 2 failed last: seeds 0, 1 -> mean 0.525, sd = 0.075 * sqrt(2) = 0.106066,
+    # ci = t(1) 12.706 * 0.106066 / sqrt(2) = 0.952950
+    a = avspo.figures["final_accuracy"]
+    assert (a.n, round(a.mean, 9), round(a.sd, 6), round(a.ci, 5)) == (2, 0.525, 0.106066, 0.95295)
+    assert avspo.failed == [(2, "boom")]
+    # paired: seed 0 +0.05, seed 1 +0.10 -> mean 0.075, sd 0.035355, ci 12.706 * 0.025 = 0.31765
+    d = avspo.versus["final_accuracy"]
+    assert (d.n, round(d.mean, 9), round(d.ci, 5)) == (2, 0.075, 0.31765)
+
+
+def test_accuracy_at_equal_rollout_tokens():
+    # budget = the smallest total (150): the first run's last eval within 150 tokens is at
+    # step 1 (100 tokens, acc 0.3); the second's whole run fits (0.5)
+    rows = [
+        {
+            "generated_tokens": 200,
+            "evals": [
+                {"step": 0, "accuracy": 0.1, "generated_tokens": 0},
+                {"step": 1, "accuracy": 0.3, "generated_tokens": 100},
+                {"step": 2, "accuracy": 0.9, "generated_tokens": 200},
+            ],
+        },
+        {
+            "generated_tokens": 150,
+            "evals": [
+                {"step": 0, "accuracy": 0.1, "generated_tokens": 0},
+                {"step": 2, "accuracy": 0.5, "generated_tokens": 150},
+            ],
+        },
+    ]
+    assert equal_token_accuracy(rows) == {0: 0.3, 1: 0.5}
+
+
+def test_pending_skips_rows_and_failed_runs_unless_retried(tmp_path):
+    exp = load_experiment(str(experiment_file(tmp_path, seeds=[0, 1])))
+    rows = [row("grpo", 0, 0.4), {**row("avspo", 0, 0.0), "status": "failed", "error": "x"}]
+    left = [(cell_id(c), s) for c, s in pending(exp, rows, retry_failed=False)]
+    # seed-major: seed 0's cells first (both have rows), then seed 1's
+    assert left == [("method=grpo", 1), ("method=avspo", 1)]
+    again = [(cell_id(c), s) for c, s in pending(exp, rows, retry_failed=True)]
+    assert again == [("method=avspo", 0), ("method=grpo", 1), ("method=avspo", 1)]
+
+
+def test_the_report_section_is_replaced_between_its_markers(tmp_path):
+    exp = load_experiment(str(experiment_file(tmp_path)))
+    exp.report.write_text("# Results\n\nhand-written before\n")
+    exp.results.parent.mkdir(parents=True)
+    rows = [row("grpo", s, 0.4 + 0.1 * s) for s in range(3)] + [row("avspo", 0, 0.5)]
+    exp.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_report(exp)
+    text = exp.report.read_text()
+    assert text.count("<!-- reproduce:demo begin -->") == 1
+    assert "| grpo | 3 | 0.500 +- 0.248 | (baseline) |" in text
+    # avspo has one seed (0.5) paired with grpo's seed 0 (0.4): +0.100, no interval
+    assert "| avspo | 1 | 0.500 | 0.100 |" in text
+    assert (exp.results.parent / "demo_final_accuracy.png").read_bytes()[:4] == b"\x89PNG"
+    (exp.report).write_text(text + "\nhand-written after\n")
+    write_report(exp)
+    again = exp.report.read_text()
+    assert again.count("reproduce:demo begin") == 1
+    assert "hand-written before" in again and "hand-written after" in again
+
+
+@pytest.mark.slow
+def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_model_dir):
+    """grpo and avspo, 2 steps each (seed 0), and a cell whose override is bad: 3 rows; the
+    rerun runs nothing; the report has the table and each cell's command."""
+    base = [
+        "rollout=hf",
+        *fast_tiny_overrides(tiny_model_dir),
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=8",
+        "trainer.eval_every=2",
+        "trainer.eval_pass_k=2",
+        "logger.report=false",
+    ]
+    axes = {
+        "method": {
+            "grpo": ["algorithm=grpo"],
+            "avspo": ["algorithm=avspo"],
+            "broken": ["trainer.total_steps=-3"],
+        }
+    }
+    path = experiment_file(tmp_path, seeds=[0], base=base, axes=axes)
+
+    def reproduce():
+        return subprocess.run(
+            [sys.executable, "-m", "launch.reproduce", str(path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+
+    out = reproduce()
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    exp = load_experiment(str(path))
+    rows = read_rows(exp.results)
+    assert [(r["cell_id"], r["status"]) for r in rows] == [
+        ("method=grpo", "ok"),
+        ("method=avspo", "ok"),
+        ("method=broken", "failed"),
+    ]
+    assert "trainer.total_steps" in rows[2]["error"]
+    for r in rows[:2]:
+        assert r["steps"] == 2 and r["k"] == 2
+        assert [e["step"] for e in r["evals"]] == [0, 2]
+        assert 0.0 <= r["final_accuracy"] <= 1.0 and math.isfinite(r["gain"])
+        # 8 prompts x 8 samples x >= 1 token, over 2 steps
+        assert r["generated_tokens"] >= 128
+        assert 0.0 <= r["grad_tokens"] <= r["generated_tokens"]
+        assert r["early_acr"] is not None and r["acr100"] is None  # 2 < 100 steps
+        assert r["command"].endswith("algorithm=" + r["cell"]["method"] + " trainer.seed=0")
+    # same seed, same first step: the two methods saw the same prompts at step 0
+    assert rows[0]["start_accuracy"] == rows[1]["start_accuracy"]
+
+    again = reproduce()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "3 of 3 runs have rows; 0 to run" in again.stdout
+    assert len(read_rows(exp.results)) == 3
+    report = exp.report.read_text()
+    assert "- method=avspo: `python -m launch.train rollout=hf" in report
+    assert "method=broken seed 0: exit status" in report
