@@ -282,9 +282,20 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def latest(rows: list[dict]) -> dict[tuple[str, int], dict]:
-    """The last row of each (cell, seed)."""
-    return {(r["cell_id"], r["seed"]): r for r in rows}
+def latest(rows: list[dict], exp: Experiment | None = None) -> dict[tuple[str, int], dict]:
+    """The last row of each (cell, seed); with ``exp``, only rows whose command is the cell's
+    command now (a row of an edited cell is another experiment's: it is run again)."""
+    out = {}
+    for r in rows:
+        cell = r.get("cell")
+        if exp is not None and (
+            not isinstance(cell, dict)
+            or cell_id(cell) not in {cell_id(c) for c in exp.cells}
+            or r.get("command") != command(exp, cell, r["seed"])
+        ):
+            continue
+        out[(r["cell_id"], r["seed"])] = r
+    return out
 
 
 def git_rev() -> str | None:
@@ -381,7 +392,7 @@ def append_row(path: Path, row: dict) -> None:
 
 def pending(exp: Experiment, rows: list[dict], retry_failed: bool) -> list[tuple[dict, int]]:
     """The (cell, seed) pairs still to run, seed-major."""
-    done = latest(rows)
+    done = latest(rows, exp)
     todo = []
     for seed in exp.seeds:
         for cell in exp.cells:
@@ -450,7 +461,7 @@ class CellStats:
 def aggregate(exp: Experiment, rows: list[dict]) -> list[CellStats]:
     """Per cell: each figure's estimate over the seeds with an ok row, and paired differences
     against the baseline cell (the same cell with the baseline's axis values)."""
-    done = latest(rows)
+    done = latest(rows, exp)
     ok = {key: r for key, r in done.items() if r.get("status") == "ok"}
     # accuracy at equal rollout tokens, within each table group (and seed-independent budget)
     groups: dict[str, list[tuple[str, int]]] = {}
@@ -501,7 +512,7 @@ def shown_path(p: Path) -> str:
 def report_markdown(exp: Experiment, rows: list[dict], plots: list[Path]) -> str:
     """The experiment's section of RESULTS.md: what was run, tables, the fit, plots, commands."""
     stats = aggregate(exp, rows)
-    done = latest(rows)
+    done = latest(rows, exp)
     n_ok = sum(r.get("status") == "ok" for r in done.values())
     total = len(exp.cells) * len(exp.seeds)
     lines = [
@@ -561,7 +572,7 @@ def report_markdown(exp: Experiment, rows: list[dict], plots: list[Path]) -> str
 def fit_points(exp: Experiment, rows: list[dict]) -> list[tuple[float, float]]:
     x, y = exp.fit["x"], exp.fit["y"]
     pts = []
-    for r in latest(rows).values():
+    for r in latest(rows, exp).values():
         if r.get("status") == "ok" and r.get(x) is not None and r.get(y) is not None:
             pts.append((float(r[x]), float(r[y])))
     return pts

@@ -17,6 +17,7 @@ from launch.reproduce import (
     ExperimentError,
     aggregate,
     cell_id,
+    command,
     equal_token_accuracy,
     load_experiment,
     pending,
@@ -45,12 +46,13 @@ def experiment_file(tmp_path: Path, **extra) -> Path:
     return path
 
 
-def row(method: str, seed: int, acc: float, tokens: float = 100.0, **kw) -> dict:
+def row(exp, method: str, seed: int, acc: float, tokens: float = 100.0, **kw) -> dict:
     cell = {"method": method}
     return {
         "cell_id": cell_id(cell),
         "cell": cell,
         "seed": seed,
+        "command": command(exp, cell, seed),
         "status": "ok",
         "final_accuracy": acc,
         "generated_tokens": tokens,
@@ -69,22 +71,29 @@ def test_bad_experiment_files_name_the_key(tmp_path):
         load_experiment("no_such_experiment")
 
 
-def test_the_shipped_experiments_load():
-    for path in sorted((ROOT / "conf" / "reproduce").glob("*.yaml")):
+def test_every_cell_of_the_shipped_experiments_composes_and_validates():
+    """Each run's overrides compose into a valid config (a typo would fail its run hours in)."""
+    from tests.unit.test_config import load
+
+    paths = sorted((ROOT / "conf" / "reproduce").glob("*.yaml"))
+    assert {"e1_methods", "e2_early_acr", "e3_ablations"} <= {p.stem for p in paths}
+    for path in paths:
         exp = load_experiment(str(path))
-        assert exp.cells and exp.seeds, path
+        for cell in exp.cells:
+            cfg = load(*exp.overrides(cell, exp.seeds[-1]))
+            assert cfg.trainer.seed == exp.seeds[-1], (path, cell)
 
 
 def test_aggregate_means_intervals_and_paired_differences(tmp_path):
     exp = load_experiment(str(experiment_file(tmp_path)))
     rows = [
-        row("grpo", 0, 0.40),
-        row("grpo", 1, 0.50),
-        row("grpo", 2, 0.60),
-        row("avspo", 0, 0.45),
-        row("avspo", 1, 0.60),
-        row("avspo", 2, 0.60),
-        {**row("avspo", 2, 0.99), "status": "failed", "error": "boom"},  # the latest row wins
+        row(exp, "grpo", 0, 0.40),
+        row(exp, "grpo", 1, 0.50),
+        row(exp, "grpo", 2, 0.60),
+        row(exp, "avspo", 0, 0.45),
+        row(exp, "avspo", 1, 0.60),
+        row(exp, "avspo", 2, 0.60),
+        {**row(exp, "avspo", 2, 0.99), "status": "failed", "error": "boom"},  # the latest row wins
     ]
     grpo, avspo = aggregate(exp, rows)
     # grpo: mean 0.5, sd 0.1, ci = t(2) 4.303 * 0.1 / sqrt(3) = 0.248434
@@ -126,19 +135,31 @@ def test_accuracy_at_equal_rollout_tokens():
 
 def test_pending_skips_rows_and_failed_runs_unless_retried(tmp_path):
     exp = load_experiment(str(experiment_file(tmp_path, seeds=[0, 1])))
-    rows = [row("grpo", 0, 0.4), {**row("avspo", 0, 0.0), "status": "failed", "error": "x"}]
+    rows = [
+        row(exp, "grpo", 0, 0.4),
+        {**row(exp, "avspo", 0, 0.0), "status": "failed", "error": "x"},
+    ]
     left = [(cell_id(c), s) for c, s in pending(exp, rows, retry_failed=False)]
     # seed-major: seed 0's cells first (both have rows), then seed 1's
     assert left == [("method=grpo", 1), ("method=avspo", 1)]
     again = [(cell_id(c), s) for c, s in pending(exp, rows, retry_failed=True)]
     assert again == [("method=avspo", 0), ("method=grpo", 1), ("method=avspo", 1)]
+    # the grpo cell edited (another lr): its row is another experiment's, so it runs again
+    edited = load_experiment(
+        str(experiment_file(tmp_path, seeds=[0, 1], axes={"method": {
+            "grpo": ["algorithm=grpo", "learner.lr=3e-5"], "avspo": ["algorithm=avspo"]}}))
+    )  # fmt: skip
+    assert [(cell_id(c), s) for c, s in pending(edited, rows, retry_failed=False)][0] == (
+        "method=grpo",
+        0,
+    )
 
 
 def test_the_report_section_is_replaced_between_its_markers(tmp_path):
     exp = load_experiment(str(experiment_file(tmp_path)))
     exp.report.write_text("# Results\n\nhand-written before\n")
     exp.results.parent.mkdir(parents=True)
-    rows = [row("grpo", s, 0.4 + 0.1 * s) for s in range(3)] + [row("avspo", 0, 0.5)]
+    rows = [row(exp, "grpo", s, 0.4 + 0.1 * s) for s in range(3)] + [row(exp, "avspo", 0, 0.5)]
     exp.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     write_report(exp)
     text = exp.report.read_text()
