@@ -402,8 +402,30 @@ def pending(exp: Experiment, rows: list[dict], retry_failed: bool) -> list[tuple
     return todo
 
 
-def run_grid(exp: Experiment, *, retry_failed: bool = False, max_runs: int | None = None) -> int:
-    """Run what is pending (at most ``max_runs``), one row per run; returns how many ran."""
+def commit_rows(exp: Experiment, message: str) -> None:
+    """``git commit`` of the results file alone (other staged changes stay staged), so that a
+    session that ends abruptly loses at most the run in progress; a failure only warns."""
+    for argv in (["add"], ["commit", "-q", "-m", message]):
+        out = subprocess.run(
+            ["git", *argv, "--", exp.results.name],
+            cwd=exp.results.parent,
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode != 0:
+            print(f"    (git {argv[0]} of {exp.results} failed: {out.stderr.strip()[:200]})")
+            return
+
+
+def run_grid(
+    exp: Experiment,
+    *,
+    retry_failed: bool = False,
+    max_runs: int | None = None,
+    commit: bool = False,
+) -> int:
+    """Run what is pending (at most ``max_runs``), one row per run (committed to git after each
+    run with ``commit``); returns how many ran."""
     exp.results.parent.mkdir(parents=True, exist_ok=True)
     lock = open(exp.results.with_suffix(".lock"), "w")  # noqa: SIM115 - held for the whole grid
     try:
@@ -427,6 +449,8 @@ def run_grid(exp: Experiment, *, retry_failed: bool = False, max_runs: int | Non
             else row["error"][:300]
         )
         print(f"    {row['status']} in {row['wall_s']:.0f} s: {what}", flush=True)
+        if commit:
+            commit_rows(exp, f"results: {exp.name} {row['cell_id']} seed {seed} ({row['status']})")
     lock.close()
     return ran
 
@@ -675,6 +699,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retry-failed", action="store_true", help="run failed cells again")
     ap.add_argument("--max-runs", type=int, default=None, help="stop after this many runs")
     ap.add_argument("--list", action="store_true", help="print the pending runs and exit")
+    ap.add_argument(
+        "--commit", action="store_true", help="git-commit the results file after each run"
+    )
     args = ap.parse_args(argv)
     try:
         exp = load_experiment(args.experiment)
@@ -687,7 +714,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.report_only:
         with contextlib.suppress(KeyboardInterrupt):
-            run_grid(exp, retry_failed=args.retry_failed, max_runs=args.max_runs)
+            run_grid(
+                exp, retry_failed=args.retry_failed, max_runs=args.max_runs, commit=args.commit
+            )
     print(f"wrote {write_report(exp)}")
     return 0
 

@@ -47,8 +47,9 @@ Measured, median over steps 2..N (step 1 pays lazy initialisation):
 - rest: the step minus the three: ours verification, advantages and orchestration; TRL
   tokenisation, reward and advantages.
 
-Known differences: our learner runs on 2 DeepSpeed ZeRO-2 ranks (Ray actors of one thread each)
-and our engine in its own actor, while TRL is one process using every core; TRL draws its own
+Known differences: our learner runs on 2 DeepSpeed ZeRO-2 ranks and our engine in its own actor
+(colocated, the default: the engine computes with every core while it generates, each rank with
+one of the 2 during the update), while TRL is one process using every core; TRL draws its own
 order of the same prompts; the rewards of both reimplement the same rule, except that the
 ``smollm2`` task's reasoning-gym scorer on our side gives partial credit where TRL's exact
 match gives 0; our loss adds a dual clip (c = 3) that is inactive on-policy.

@@ -235,3 +235,33 @@ def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_mode
     report = exp.report.read_text()
     assert "- method=avspo: `python -m launch.train rollout=hf" in report
     assert "method=broken seed 0: exit status" in report
+
+
+def test_commit_rows_commits_the_results_file_alone(tmp_path):
+    """``--commit``: after each run the results file is committed by itself; what else was
+    staged stays staged (the results folder is a git repository here, made by the test)."""
+    from launch.reproduce import commit_rows
+
+    exp = load_experiment(str(experiment_file(tmp_path)))
+    repo = exp.results.parent
+    repo.mkdir(parents=True)
+
+    def git(*argv):
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *argv],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    git("init", "-q")
+    git("config", "user.name", "t")
+    git("config", "user.email", "t@t")
+    (repo / "other.txt").write_text("work in progress\n")
+    git("add", "other.txt")
+    exp.results.write_text('{"row": 1}\n')
+    commit_rows(exp, "results: demo")
+    assert git("log", "--format=%s") == "results: demo\n"
+    assert git("show", "--name-only", "--format=").split() == ["demo.jsonl"]
+    assert git("diff", "--cached", "--name-only").split() == ["other.txt"]
