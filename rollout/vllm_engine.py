@@ -64,6 +64,9 @@ class VLLMEngine:
             # rollout.weight_sync=collective: the receiving end runs in vLLM's worker processes
             worker_extension_cls="rollout.collective.VLLMWeightSyncExtension",
         )
+        if max_num_batched_tokens is not None and max_num_seqs is not None:
+            # a scheduler step holds at most one token per sequence: vLLM refuses more
+            max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
         optional = dict(
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
