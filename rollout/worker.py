@@ -71,6 +71,10 @@ class RolloutWorker:
         torch.set_num_threads(threads or max(1, int(cfg.num_cpus_per_worker)))
         if cpus and not torch.cuda.is_available():
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus))
+        if not torch.cuda.is_available() and cfg.tensor_parallel_size == 1:
+            # vLLM's engine core in this process, not a second one competing for the cores:
+            # requests, outputs and weight loads are calls instead of messages between processes
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.engine = make_engine(cfg, model_path, dtype, sleep_mode)
         self.threads = torch.get_num_threads()
 
