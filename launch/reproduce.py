@@ -287,13 +287,14 @@ def latest(rows: list[dict], exp: Experiment | None = None) -> dict[tuple[str, i
     command now (a row of an edited cell is another experiment's: it is run again)."""
     out = {}
     for r in rows:
-        cell = r.get("cell")
-        if exp is not None and (
-            not isinstance(cell, dict)
-            or cell_id(cell) not in {cell_id(c) for c in exp.cells}
-            or r.get("command") != command(exp, cell, r["seed"])
-        ):
-            continue
+        if exp is not None:
+            cell = r.get("cell")
+            if not isinstance(cell, dict) or set(cell) != set(exp.axes):
+                continue
+            cell = {axis: cell[axis] for axis in exp.axes}  # rows are written with sorted keys
+            if cell not in exp.cells or r.get("command") != command(exp, cell, r["seed"]):
+                continue
+            r = {**r, "cell": cell}
         out[(r["cell_id"], r["seed"])] = r
     return out
 

@@ -265,3 +265,19 @@ def test_commit_rows_commits_the_results_file_alone(tmp_path):
     assert git("log", "--format=%s") == "results: demo\n"
     assert git("show", "--name-only", "--format=").split() == ["demo.jsonl"]
     assert git("diff", "--cached", "--name-only").split() == ["other.txt"]
+
+
+def test_rows_written_with_sorted_keys_still_match_a_two_axis_grid(tmp_path):
+    """append_row sorts keys: a cell {"setting", "method"} comes back as {"method", "setting"};
+    it is still that cell (once every row of a real grid was treated as pending)."""
+    from launch.reproduce import append_row
+
+    axes = {"setting": {"a": [], "b": ["task.difficulty=4"]}, "method": {"grpo": ["x=1"]}}
+    exp = load_experiment(str(experiment_file(tmp_path, axes=axes, baseline={}, seeds=[0])))
+    cell = {"setting": "b", "method": "grpo"}
+    r = {"cell_id": cell_id(cell), "cell": cell, "seed": 0, "status": "ok"}
+    append_row(exp.results, {**r, "command": command(exp, cell, 0), "final_accuracy": 0.5})
+    rows = read_rows(exp.results)
+    assert list(rows[0]["cell"]) == ["method", "setting"]
+    assert [(cell_id(c), s) for c, s in pending(exp, rows, False)] == [("setting=a,method=grpo", 0)]
+    assert aggregate(exp, rows)[1].figures["final_accuracy"].mean == 0.5
