@@ -208,7 +208,7 @@ def cgroup_cpu_limit(
         if controllers == "":  # v2: one unified tree
             bases, v2 = [Path(root), Path(root) / "unified"], True
         elif "cpu" in controllers.split(","):
-            bases, v2 = [Path(root) / controllers, Path(root) / "cpu"], False
+            bases, v2 = list(dict.fromkeys([Path(root) / controllers, Path(root) / "cpu"])), False
         else:
             continue
         for base in bases:

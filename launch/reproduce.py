@@ -282,20 +282,18 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def latest(rows: list[dict], exp: Experiment | None = None) -> dict[tuple[str, int], dict]:
-    """The last row of each (cell, seed); with ``exp``, only rows whose command is the cell's
-    command now (a row of an edited cell is another experiment's: it is run again)."""
+def latest(rows: list[dict], exp: Experiment) -> dict[tuple[str, int], dict]:
+    """The last row of each (cell, seed) of ``exp``, counting only rows whose command is the
+    cell's command now (a row of an edited cell is another experiment's: it is run again)."""
     out = {}
     for r in rows:
-        if exp is not None:
-            cell = r.get("cell")
-            if not isinstance(cell, dict) or set(cell) != set(exp.axes):
-                continue
-            cell = {axis: cell[axis] for axis in exp.axes}  # rows are written with sorted keys
-            if cell not in exp.cells or r.get("command") != command(exp, cell, r["seed"]):
-                continue
-            r = {**r, "cell": cell}
-        out[(r["cell_id"], r["seed"])] = r
+        cell = r.get("cell")
+        if not isinstance(cell, dict) or set(cell) != set(exp.axes):
+            continue
+        cell = {axis: cell[axis] for axis in exp.axes}  # rows are written with sorted keys
+        if cell not in exp.cells or r.get("command") != command(exp, cell, r["seed"]):
+            continue
+        out[(r["cell_id"], r["seed"])] = {**r, "cell": cell}
     return out
 
 
@@ -550,9 +548,7 @@ def report_markdown(exp: Experiment, rows: list[dict], plots: list[Path]) -> str
         f"`python -m launch.reproduce {shown_path(exp.path)}`; rows: `{shown_path(exp.results)}`.",
         "",
     ]
-    shown = ("final_accuracy", "gain", "acc_at_equal_tokens", "final_pass_at_k", "acr_raw")
-    shown += ("acr_effective", "acr_low", "acr_high", "early_acr", "generated_tokens")
-    shown += ("grad_tokens", "wall_s")
+    shown = [k for k, _, _ in FIGURES if k != "final_mean_at_k"]  # pass@k speaks for it
     heads = {k: (h, sc) for k, h, sc in FIGURES}
     group_values = list(exp.axes[exp.tables_by]) if exp.tables_by else [None]
     for value in group_values:

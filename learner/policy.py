@@ -73,6 +73,13 @@ def load_policy(model_path: str, cfg: LearnerConfig, dtype: str, *, trainable: b
     return model
 
 
+def available_ram_bytes() -> float:
+    """The node's available RAM (``MemAvailable`` of /proc/meminfo, given in kB)."""
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return float(fields["MemAvailable"].split()[0]) * 1024
+
+
 ACTIVATION_BYTES_PER_TOKEN_LAYER = 34  # x hidden size, 16-bit (Korthikanti et al. 2022)
 
 

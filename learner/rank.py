@@ -40,7 +40,7 @@ from learner.logprobs import (
     prefix_problem,
 )
 from learner.loss import LOG_RATIO_CLAMP, LossConfig, LossOutput, policy_loss
-from learner.policy import deepspeed_config, learner_dtype, load_policy
+from learner.policy import available_ram_bytes, deepspeed_config, learner_dtype, load_policy
 
 
 @dataclass
@@ -318,9 +318,7 @@ class LearnerRank:
         node = ray.get_runtime_context().get_node_id()
         if torch.cuda.is_available():
             return node, "cuda", float(torch.cuda.mem_get_info()[0])
-        with open("/proc/meminfo") as f:  # MemAvailable: kB
-            fields = dict(line.split(":", 1) for line in f)
-        return node, "cpu", float(fields["MemAvailable"].split()[0]) * 1024
+        return node, "cpu", available_ram_bytes()
 
     def micro_batch_budget(self, sharing: int) -> int:
         """The automatic micro-batch token budget (learner/policy.py), memory shared by

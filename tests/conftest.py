@@ -43,14 +43,13 @@ def fast_tiny_overrides(tiny_model_dir: str) -> list[str]:
 def pytest_report_header(config) -> str:
     """The cores and memory the runs get, in the CI log's header (launch/cluster.py)."""
     from launch.cluster import cgroup_cpu_limit, usable_cores
+    from learner.policy import available_ram_bytes
 
     mask, limit = os.sched_getaffinity(0), cgroup_cpu_limit()
-    with open("/proc/meminfo") as f:
-        avail = dict(line.split(":", 1) for line in f)["MemAvailable"].split()[0]
     used = len(usable_cores(mask, limit))
     return (
         f"cores: {len(mask)} in the affinity mask, cgroup CPU limit {limit}, {used} used per "
-        f"phase; MemAvailable {int(avail) / 2**20:.1f} GiB"
+        f"phase; MemAvailable {available_ram_bytes() / 2**30:.1f} GiB"
     )
 
 

@@ -80,10 +80,10 @@ def run_train(run_dir: Path, *overrides: str, env: dict | None = None) -> str:
         echo_failure(run_dir, f"timed out after {e.timeout:.0f} s", tail)
         TIMED_OUT.append(str(run_dir))
         raise
+    tail = out.stdout[-3000:] + out.stderr[-3000:]
     if out.returncode != 0:
-        tail = out.stdout[-3000:] + out.stderr[-3000:]
         echo_failure(run_dir, f"exit {out.returncode} after {time.monotonic() - start:.0f} s", tail)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.returncode == 0, tail
     return out.stdout
 
 
