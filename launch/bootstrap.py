@@ -95,6 +95,25 @@ def is_complete(folder: Path) -> bool:
         return False
 
 
+def weights_id(folder: str | Path) -> str:
+    """Eight hex digits naming a model folder's weights: the SHA-256 prefix of its one weights
+    file, or of the list of its files' hashes when there are several. A build of ours reads the
+    hashes from its manifest; any other folder is hashed. The experiment harness
+    (launch/reproduce.py) keys rows by it: the tiny model's warm start depends on the CPU."""
+    folder = Path(folder)
+    try:
+        hashes = json.loads((folder / MANIFEST).read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        files = sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")])
+        hashes = {p.name: _sha256(p) for p in files}
+    if not hashes:
+        raise ValueError(f"{folder}: no weights (*.safetensors, *.bin) to identify")
+    if len(hashes) == 1:
+        return next(iter(hashes.values()))[:8]
+    listing = "".join(f"{name}:{h}\n" for name, h in sorted(hashes.items()))
+    return hashlib.sha256(listing.encode()).hexdigest()[:8]
+
+
 def build_cached(root: Path, key: str, build: Callable[[Path], dict], log=print) -> Path:
     """``root/key`` built by ``build(tmp_dir) -> facts`` unless a complete build is there."""
     root.mkdir(parents=True, exist_ok=True)

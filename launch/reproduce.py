@@ -18,6 +18,12 @@ accuracy against early ACR, with R^2 and a 95% band beside the paper's line), an
 and plots go into ``docs/RESULTS.md`` between this experiment's markers (``--report``), with the
 exact command of every cell; the text outside the markers is left alone.
 
+Rows are keyed by the model weights their run started from as well (``model``: the weights'
+SHA-256 prefix, :func:`launch.bootstrap.weights_id`). The embedded tiny model is built on the
+machine, and its warm start depends on the CPU's float kernels (docs/NOTES.md): on a CPU that
+builds other weights, the grid's rows from the old weights are neither skipped nor mixed into
+the aggregate; each model's rows get their own tables.
+
 What each row reports (:func:`summarize_run`): held-out greedy accuracy, pass@k and mean@k at
 step 0, at each evaluation and at the end; ACR (raw, effective, all-correct, all-incorrect);
 early ACR (mean ``acr/raw`` over the first quarter of the steps) and ACR100 (runs of >= 100
@@ -27,7 +33,9 @@ steps); rollout tokens generated and tokens that carried gradient; wall time.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import itertools
@@ -282,9 +290,12 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def latest(rows: list[dict], exp: Experiment) -> dict[tuple[str, int], dict]:
+def latest(
+    rows: list[dict], exp: Experiment, models: dict[str, str | None] | None = None
+) -> dict[tuple[str, int], dict]:
     """The last row of each (cell, seed) of ``exp``, counting only rows whose command is the
-    cell's command now (a row of an edited cell is another experiment's: it is run again)."""
+    cell's command now (a row of an edited cell is another experiment's: it is run again) and,
+    with ``models`` (cell id -> weights id), only rows made from that cell's model weights."""
     out = {}
     for r in rows:
         cell = r.get("cell")
@@ -293,18 +304,23 @@ def latest(rows: list[dict], exp: Experiment) -> dict[tuple[str, int], dict]:
         cell = {axis: cell[axis] for axis in exp.axes}  # rows are written with sorted keys
         if cell not in exp.cells or r.get("command") != command(exp, cell, r["seed"]):
             continue
+        if models is not None and r.get("model") != models.get(cell_id(cell)):
+            continue
         out[(r["cell_id"], r["seed"])] = {**r, "cell": cell}
     return out
 
 
-def git_rev() -> str | None:
+def git_rev(ignore: Path | None = None, repo: Path = ROOT) -> str | None:
+    """The short revision, ``+dirty`` when tracked files differ from it (``ignore`` aside: the
+    results file a grid appends to is always modified while it runs)."""
+    skip = [f":(exclude){ignore}"] if ignore is not None else []
     try:
         rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *skip],
+            cwd=repo,
             capture_output=True,
             text=True,
         ).stdout.strip()
@@ -325,12 +341,50 @@ def host() -> str:
     return f"{name}, {len(os.sched_getaffinity(0))} cores"
 
 
+def cell_models(exp: Experiment, log=print) -> dict[str, str | None]:
+    """Each cell's model weights on this machine (cell id -> :func:`launch.bootstrap.weights_id`),
+    building the model where the cache lacks it, as its run would. ``None`` for a cell whose
+    config does not compose: its run fails before any model, wherever it runs."""
+    from hydra import compose, initialize_config_dir
+
+    from launch.bootstrap import ensure_model, weights_id
+    from launch.config import to_train_config
+
+    out, by_spec = {}, {}
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for cell in exp.cells:
+            try:
+                cfg = to_train_config(compose("config", overrides=exp.overrides(cell, 0)))
+                spec = json.dumps(dataclasses.asdict(cfg.model), sort_keys=True, default=str)
+                if spec not in by_spec:
+                    by_spec[spec] = weights_id(ensure_model(cfg.model, log))
+                out[cell_id(cell)] = by_spec[spec]
+            except Exception:  # noqa: BLE001 - the run itself records why
+                out[cell_id(cell)] = None
+    return out
+
+
+def rows_of(rows: list[dict], model: str | None) -> list[dict]:
+    """The rows made from ``model``'s weights, and those that never got to a model (a config
+    that failed to compose: the same failure on any machine)."""
+    return [r for r in rows if r.get("model") in (model, None)]
+
+
+def models_of(exp: Experiment, rows: list[dict]) -> list[str | None]:
+    """The weights ids the experiment's rows were made from, most rows first ([None] if none)."""
+    counts = collections.Counter(
+        r["model"] for r in latest(rows, exp).values() if r.get("model") is not None
+    )
+    return [m for m, _ in counts.most_common()] or [None]
+
+
 def command(exp: Experiment, cell: dict[str, str], seed: int) -> str:
     return shlex.join(["python", "-m", "launch.train", *exp.overrides(cell, seed)])
 
 
-def run_one(exp: Experiment, cell: dict[str, str], seed: int) -> dict:
-    """Train one (cell, seed) in a subprocess and return its row (status ok or failed)."""
+def run_one(exp: Experiment, cell: dict[str, str], seed: int, model: str | None = None) -> dict:
+    """Train one (cell, seed) in a subprocess and return its row (status ok or failed);
+    ``model`` is the weights id the run starts from (:func:`cell_models`)."""
     run_dir = exp.run_dir(cell, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [
@@ -348,8 +402,9 @@ def run_one(exp: Experiment, cell: dict[str, str], seed: int) -> dict:
         "cell": cell,
         "seed": seed,
         "command": command(exp, cell, seed),
-        "git": git_rev(),
+        "git": git_rev(ignore=exp.results),
         "host": host(),
+        "model": model,
     }
     start = time.monotonic()
     log = run_dir / "train.log"
@@ -389,9 +444,15 @@ def append_row(path: Path, row: dict) -> None:
         os.fsync(f.fileno())
 
 
-def pending(exp: Experiment, rows: list[dict], retry_failed: bool) -> list[tuple[dict, int]]:
-    """The (cell, seed) pairs still to run, seed-major."""
-    done = latest(rows, exp)
+def pending(
+    exp: Experiment,
+    rows: list[dict],
+    retry_failed: bool,
+    models: dict[str, str | None] | None = None,
+) -> list[tuple[dict, int]]:
+    """The (cell, seed) pairs still to run, seed-major; with ``models`` (:func:`cell_models`),
+    a row counts only where it was made from the weights this machine's run would start from."""
+    done = latest(rows, exp, models)
     todo = []
     for seed in exp.seeds:
         for cell in exp.cells:
@@ -433,13 +494,18 @@ def run_grid(
         raise SystemExit(
             f"{exp.results}: another launch.reproduce is running this experiment"
         ) from None
-    todo = pending(exp, read_rows(exp.results), retry_failed)
+    models = cell_models(exp)
+    named = sorted({m for m in models.values() if m})
+    todo = pending(exp, read_rows(exp.results), retry_failed, models)
     total = len(exp.cells) * len(exp.seeds)
-    print(f"{exp.name}: {total - len(todo)} of {total} runs have rows; {len(todo)} to run")
+    print(
+        f"{exp.name}: {total - len(todo)} of {total} runs have rows from model weights "
+        f"{', '.join(named) or '(none)'} ({host()}); {len(todo)} to run"
+    )
     ran = 0
     for cell, seed in todo[:max_runs]:
         print(f"[{ran + 1}/{len(todo)}] {cell_id(cell)} seed {seed} ...", flush=True)
-        row = run_one(exp, cell, seed)
+        row = run_one(exp, cell, seed, models[cell_id(cell)])
         append_row(exp.results, row)
         ran += 1
         what = (
@@ -481,9 +547,12 @@ class CellStats:
     failed: list[tuple[int, str]]
 
 
-def aggregate(exp: Experiment, rows: list[dict]) -> list[CellStats]:
+def aggregate(exp: Experiment, rows: list[dict], model: str | None = None) -> list[CellStats]:
     """Per cell: each figure's estimate over the seeds with an ok row, and paired differences
-    against the baseline cell (the same cell with the baseline's axis values)."""
+    against the baseline cell (the same cell with the baseline's axis values); with ``model``,
+    over the rows made from those weights only (:func:`rows_of`)."""
+    if model is not None:
+        rows = rows_of(rows, model)
     done = latest(rows, exp)
     ok = {key: r for key, r in done.items() if r.get("status") == "ok"}
     # accuracy at equal rollout tokens, within each table group (and seed-independent budget)
@@ -532,20 +601,45 @@ def shown_path(p: Path) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
-def report_markdown(exp: Experiment, rows: list[dict], plots: list[Path]) -> str:
-    """The experiment's section of RESULTS.md: what was run, tables, the fit, plots, commands."""
-    stats = aggregate(exp, rows)
-    done = latest(rows, exp)
-    n_ok = sum(r.get("status") == "ok" for r in done.values())
-    total = len(exp.cells) * len(exp.seeds)
+def report_markdown(
+    exp: Experiment, rows: list[dict], plots: dict[str | None, list[Path]] | None = None
+) -> str:
+    """The experiment's section of RESULTS.md: what was run, then per model weights the rows
+    were made from (:func:`models_of`; one block unless the grid ran on CPUs that build different
+    tiny models) its tables, fit, failed runs and ``plots[model]``, then every cell's command."""
+    plots = plots or {}
     lines = [
         f"### {exp.name}",
         "",
         exp.description,
         "",
-        f"Runs with rows: {len(done)} of {total} ({n_ok} ok). Figures: mean +- 95% CI half-width "
-        f"(Student t over seeds; none for one seed). Rerun or continue: "
-        f"`python -m launch.reproduce {shown_path(exp.path)}`; rows: `{shown_path(exp.results)}`.",
+        "Figures: mean +- 95% CI half-width (Student t over seeds; none for one seed). Rerun or "
+        f"continue: `python -m launch.reproduce {shown_path(exp.path)}`; rows: "
+        f"`{shown_path(exp.results)}`. Rows are kept apart by the model weights they started "
+        "from (`model` in a row): the tiny model's warm start depends on the CPU.",
+        "",
+    ]
+    for model in models_of(exp, rows):
+        mine = rows_of(rows, model) if model is not None else rows
+        lines += model_block(exp, mine, model, plots.get(model, []))
+    lines += ["<details><summary>The command of every cell (add trainer.seed=S)</summary>", ""]
+    for cell in exp.cells:
+        cmd = command(exp, cell, 0).removesuffix(" trainer.seed=0")
+        lines.append(f"- {cell_id(cell)}: `{cmd}`")
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+def model_block(exp: Experiment, rows: list[dict], model: str | None, plots: list[Path]) -> list:
+    """The tables, fit, failures and plots of the rows of one model's weights."""
+    stats = aggregate(exp, rows)
+    done = latest(rows, exp)
+    n_ok = sum(r.get("status") == "ok" for r in done.values())
+    total = len(exp.cells) * len(exp.seeds)
+    hosts = "; ".join(sorted({r["host"] for r in done.values() if r.get("host")})) or "host unknown"
+    lines = [
+        f"#### Rows of model weights {model or '(unrecorded)'} ({hosts}): {len(done)} of "
+        f"{total} runs ({n_ok} ok)",
         "",
     ]
     shown = [k for k, _, _ in FIGURES if k != "final_mean_at_k"]  # pass@k speaks for it
@@ -582,12 +676,7 @@ def report_markdown(exp: Experiment, rows: list[dict], plots: list[Path]) -> str
     for p in plots:
         rel = os.path.relpath(p, exp.report.parent)
         lines += [f"![{p.stem}]({rel})", ""]
-    lines += ["<details><summary>The command of every cell (add trainer.seed=S)</summary>", ""]
-    for cell in exp.cells:
-        cmd = command(exp, cell, 0).removesuffix(" trainer.seed=0")
-        lines.append(f"- {cell_id(cell)}: `{cmd}`")
-    lines += ["", "</details>", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def fit_points(exp: Experiment, rows: list[dict]) -> list[tuple[float, float]]:
@@ -615,7 +704,7 @@ def fit_markdown(exp: Experiment, rows: list[dict]) -> list[str]:
     ]
 
 
-def write_plots(exp: Experiment, rows: list[dict], folder: Path) -> list[Path]:
+def write_plots(exp: Experiment, rows: list[dict], folder: Path, suffix: str = "") -> list[Path]:
     """Final accuracy per cell with 95% CI bars (one panel per table group); the fit's scatter,
     line, band and the paper's line. Returns the files written."""
     import matplotlib
@@ -639,7 +728,7 @@ def write_plots(exp: Experiment, rows: list[dict], folder: Path) -> list[Path]:
         ax.set_title(f"{exp.tables_by} = {value}" if value is not None else exp.name, fontsize=9)
         ax.set_ylabel("final greedy accuracy (95% CI)")
     fig.tight_layout()
-    path = folder / f"{exp.name}_final_accuracy.png"
+    path = folder / f"{exp.name}_final_accuracy{suffix}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
@@ -662,7 +751,7 @@ def write_plots(exp: Experiment, rows: list[dict], folder: Path) -> list[Path]:
             ax.set_ylabel(f"{exp.fit['y']} (%)")
             ax.legend(fontsize=7)
             fig.tight_layout()
-            path = folder / f"{exp.name}_fit.png"
+            path = folder / f"{exp.name}_fit{suffix}.png"
             fig.savefig(path, dpi=110)
             plt.close(fig)
             written.append(path)
@@ -673,7 +762,12 @@ def write_report(exp: Experiment) -> Path:
     """Replace the experiment's section of ``exp.report`` (between its markers; appended when
     absent) with fresh tables and plots."""
     rows = read_rows(exp.results)
-    plots = write_plots(exp, rows, exp.results.parent) if rows else []
+    plots = {}
+    if rows:  # the main model's plots keep the plain names; another model's carry its id
+        for i, model in enumerate(models_of(exp, rows)):
+            mine = rows_of(rows, model) if model is not None else rows
+            suffix = f"_{model}" if i else ""
+            plots[model] = write_plots(exp, mine, exp.results.parent, suffix)
     begin, end = f"<!-- reproduce:{exp.name} begin -->", f"<!-- reproduce:{exp.name} end -->"
     section = f"{begin}\n{report_markdown(exp, rows, plots)}{end}"
     text = exp.report.read_text() if exp.report.exists() else "# Results\n"
@@ -706,7 +800,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.list:
-        for cell, seed in pending(exp, read_rows(exp.results), args.retry_failed):
+        models = cell_models(exp)
+        for cell, seed in pending(exp, read_rows(exp.results), args.retry_failed, models):
             print(f"{cell_id(cell)} seed {seed}: {command(exp, cell, seed)}")
         return 0
     if not args.report_only:

@@ -16,6 +16,7 @@ import pytest
 from launch.reproduce import (
     ExperimentError,
     aggregate,
+    append_row,
     cell_id,
     command,
     equal_token_accuracy,
@@ -225,12 +226,18 @@ def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_mode
         assert 0.0 <= r["grad_tokens"] <= r["generated_tokens"]
         assert r["early_acr"] is not None and r["acr100"] is None  # 2 < 100 steps
         assert r["command"].endswith("algorithm=" + r["cell"]["method"] + " trainer.seed=0")
+    # each row names the weights it started from; the broken config never got to a model
+    from launch.bootstrap import weights_id
+
+    assert rows[0]["model"] == rows[1]["model"] == weights_id(tiny_model_dir)
+    assert rows[2]["model"] is None
     # same seed, same first step: the two methods saw the same prompts at step 0
     assert rows[0]["start_accuracy"] == rows[1]["start_accuracy"]
 
     again = reproduce()
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "3 of 3 runs have rows; 0 to run" in again.stdout
+    assert "3 of 3 runs have rows from model weights " in again.stdout
+    assert again.stdout.splitlines()[0].endswith("; 0 to run")
     assert len(read_rows(exp.results)) == 3
     report = exp.report.read_text()
     assert "- method=avspo: `python -m launch.train rollout=hf" in report
@@ -240,7 +247,7 @@ def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_mode
 def test_commit_rows_commits_the_results_file_alone(tmp_path):
     """``--commit``: after each run the results file is committed by itself; what else was
     staged stays staged (the results folder is a git repository here, made by the test)."""
-    from launch.reproduce import commit_rows
+    from launch.reproduce import commit_rows, git_rev
 
     exp = load_experiment(str(experiment_file(tmp_path)))
     repo = exp.results.parent
@@ -258,11 +265,18 @@ def test_commit_rows_commits_the_results_file_alone(tmp_path):
     git("init", "-q")
     git("config", "user.name", "t")
     git("config", "user.email", "t@t")
+    exp.results.write_text("")
+    git("add", exp.results.name)
+    git("commit", "-q", "-m", "start")
+    rev = git("rev-parse", "--short", "HEAD").strip()
+    exp.results.write_text('{"row": 0}\n')  # a grid appending: not a dirty tree for its rows
+    assert git_rev(ignore=exp.results, repo=repo) == rev
+    assert git_rev(repo=repo) == rev + "+dirty"
     (repo / "other.txt").write_text("work in progress\n")
     git("add", "other.txt")
     exp.results.write_text('{"row": 1}\n')
     commit_rows(exp, "results: demo")
-    assert git("log", "--format=%s") == "results: demo\n"
+    assert git("log", "--format=%s") == "results: demo\nstart\n"
     assert git("show", "--name-only", "--format=").split() == ["demo.jsonl"]
     assert git("diff", "--cached", "--name-only").split() == ["other.txt"]
 
@@ -270,8 +284,6 @@ def test_commit_rows_commits_the_results_file_alone(tmp_path):
 def test_rows_written_with_sorted_keys_still_match_a_two_axis_grid(tmp_path):
     """append_row sorts keys: a cell {"setting", "method"} comes back as {"method", "setting"};
     it is still that cell (once every row of a real grid was treated as pending)."""
-    from launch.reproduce import append_row
-
     axes = {"setting": {"a": [], "b": ["task.difficulty=4"]}, "method": {"grpo": ["x=1"]}}
     exp = load_experiment(str(experiment_file(tmp_path, axes=axes, baseline={}, seeds=[0])))
     cell = {"setting": "b", "method": "grpo"}
@@ -281,3 +293,57 @@ def test_rows_written_with_sorted_keys_still_match_a_two_axis_grid(tmp_path):
     assert list(rows[0]["cell"]) == ["method", "setting"]
     assert [(cell_id(c), s) for c, s in pending(exp, rows, False)] == [("setting=a,method=grpo", 0)]
     assert aggregate(exp, rows)[1].figures["final_accuracy"].mean == 0.5
+
+
+def test_rows_of_another_model_neither_count_as_done_nor_mix_into_the_aggregate(tmp_path):
+    """The tiny model's warm start depends on the CPU (docs/NOTES.md): a grid continued on a
+    machine that builds other weights must not skip cells done with the old ones, and the
+    aggregate keeps each model's rows apart (one block of tables per model)."""
+    exp = load_experiment(str(experiment_file(tmp_path, seeds=[0, 1])))
+    rows = [
+        row(exp, "grpo", 0, 0.20, model="aaaa0000", host="AMD"),
+        row(exp, "avspo", 0, 0.30, model="aaaa0000", host="AMD"),
+        row(exp, "grpo", 0, 0.40, model="bbbb1111", host="Intel"),
+        row(exp, "grpo", 1, 0.50, model="bbbb1111", host="Intel"),
+    ]
+    here = {"method=grpo": "bbbb1111", "method=avspo": "bbbb1111"}
+    left = [(cell_id(c), s) for c, s in pending(exp, rows, False, models=here)]
+    # only the Intel rows count here: avspo has none on this model, grpo has both seeds
+    assert left == [("method=avspo", 0), ("method=avspo", 1)]
+    amd = {c: "aaaa0000" for c in here}
+    assert [(cell_id(c), s) for c, s in pending(exp, rows, False, models=amd)] == [
+        ("method=grpo", 1),
+        ("method=avspo", 1),
+    ]
+    grpo_b, _ = aggregate(exp, rows, model="bbbb1111")
+    assert grpo_b.figures["final_accuracy"].mean == 0.45  # (0.40 + 0.50) / 2, AMD row left out
+    grpo_a, avspo_a = aggregate(exp, rows, model="aaaa0000")
+    assert grpo_a.figures["final_accuracy"].mean == 0.20
+    assert round(avspo_a.versus["final_accuracy"].mean, 9) == 0.1  # 0.30 - 0.20 on seed 0
+    for r in rows:
+        append_row(exp.results, r)
+    report = write_report(exp).read_text()
+    # one block per model, the one with more rows first, each naming its hosts
+    a, b = report.index("model weights aaaa0000"), report.index("model weights bbbb1111")
+    assert b < a
+    assert "model weights bbbb1111 (Intel): 2 of 4 runs" in report
+    assert "model weights aaaa0000 (AMD): 2 of 4 runs" in report
+
+
+def test_weights_id_names_the_weights_with_or_without_a_manifest(tmp_path, tiny_model_dir):
+    import hashlib
+    import shutil
+
+    from launch.bootstrap import weights_id
+
+    blob = (Path(tiny_model_dir) / "model.safetensors").read_bytes()
+    want = hashlib.sha256(blob).hexdigest()[:8]  # one weights file: its own hash's prefix
+    assert weights_id(tiny_model_dir) == want
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(Path(tiny_model_dir) / "model.safetensors", bare)  # no build.json: hashed
+    assert weights_id(bare) == want
+    (bare / "model-00002.safetensors").write_bytes(b"x")
+    assert weights_id(bare) not in (want, None)  # two files: a hash over both
+    with pytest.raises(ValueError, match="no weights"):
+        weights_id(tmp_path / "res")
