@@ -27,7 +27,9 @@ the aggregate; each model's rows get their own tables.
 What each row reports (:func:`summarize_run`): held-out greedy accuracy, pass@k and mean@k at
 step 0, at each evaluation and at the end; ACR (raw, effective, all-correct, all-incorrect);
 early ACR (mean ``acr/raw`` over the first quarter of the steps) and ACR100 (runs of >= 100
-steps); rollout tokens generated and tokens that carried gradient; wall time.
+steps), and the early means of its all-incorrect and all-correct strata; rollout tokens generated
+and tokens that carried gradient; wall time. ``--refresh`` recomputes the rows' figures from the
+run directories that survive on this machine (after a figure was added here).
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ class Experiment:
     report: Path
     description: str = ""
     tables_by: str | None = None  # an axis: one table per value of it
-    fit: dict | None = None  # {"x": row key, "y": row key}: a fitted line over every ok row
+    # fitted lines over every ok row, each {"x": row key, "y": row key} (YAML: one or a list)
+    fits: list[dict] = field(default_factory=list)
     timeout_s: float = 3600.0
     cells: list[dict[str, str]] = field(init=False)
 
@@ -177,8 +180,13 @@ def load_experiment(name_or_path: str) -> Experiment:
     if tables_by is not None and tables_by not in axes:
         raise bad("tables_by", f"{tables_by!r} is not an axis")
     fit_cfg = raw.get("fit")
-    if fit_cfg is not None and not (isinstance(fit_cfg, dict) and {"x", "y"} <= set(fit_cfg)):
-        raise bad("fit", "must be {x: <row key>, y: <row key>}")
+    fits = [] if fit_cfg is None else [fit_cfg] if isinstance(fit_cfg, dict) else fit_cfg
+    if not isinstance(fits, list):
+        raise bad("fit", "must be {x: <row key>, y: <row key>} or a list of them")
+    for i, one in enumerate(fits):
+        if not (isinstance(one, dict) and {"x", "y"} <= set(one)):
+            where_ = "fit" if isinstance(fit_cfg, dict) else f"fit[{i}]"
+            raise bad(where_, "must be {x: <row key>, y: <row key>}")
     name = path.stem
 
     def where(key: str, default: str) -> Path:
@@ -197,7 +205,7 @@ def load_experiment(name_or_path: str) -> Experiment:
         report=where("report", "docs/RESULTS.md"),
         description=str(raw.get("description", "")).strip(),
         tables_by=tables_by,
-        fit=fit_cfg,
+        fits=fits,
         timeout_s=float(raw.get("timeout_s", 3600.0)),
     )
 
@@ -263,6 +271,9 @@ def summarize_run(run_dir: Path) -> dict:
         "acr_low": s["mean_acr_low"],
         # the first quarter of the run (at least one step); ACR100 only where 100 steps ran
         "early_acr": mean_over("acr/raw", max(1, math.ceil(steps / 4))),
+        # its strata: all-incorrect groups (no signal to learn from) and all-correct (solved)
+        "early_acr_low": mean_over("acr/low", max(1, math.ceil(steps / 4))),
+        "early_acr_high": mean_over("acr/high", max(1, math.ceil(steps / 4))),
         "acr100": mean_over("acr/raw", 100) if steps >= 100 else None,
         "trigger_rate": s["trigger_rate"],
         "generated_tokens": total,
@@ -296,8 +307,13 @@ def latest(
     """The last row of each (cell, seed) of ``exp``, counting only rows whose command is the
     cell's command now (a row of an edited cell is another experiment's: it is run again) and,
     with ``models`` (cell id -> weights id), only rows made from that cell's model weights."""
+    return {key: {**rows[i], "cell": cell} for key, (i, cell) in _latest(rows, exp, models).items()}
+
+
+def _latest(rows, exp, models) -> dict[tuple[str, int], tuple[int, dict]]:
+    """:func:`latest` as (index in ``rows``, the cell with its keys in axis order)."""
     out = {}
-    for r in rows:
+    for i, r in enumerate(rows):
         cell = r.get("cell")
         if not isinstance(cell, dict) or set(cell) != set(exp.axes):
             continue
@@ -306,7 +322,7 @@ def latest(
             continue
         if models is not None and r.get("model") != models.get(cell_id(cell)):
             continue
-        out[(r["cell_id"], r["seed"])] = {**r, "cell": cell}
+        out[(r["cell_id"], r["seed"])] = (i, cell)
     return out
 
 
@@ -477,6 +493,38 @@ def commit_rows(exp: Experiment, message: str) -> None:
             return
 
 
+def grid_lock(exp: Experiment):
+    """The experiment's lock file, held (closing it releases): one writer of its rows at a time."""
+    exp.results.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(exp.results.with_suffix(".lock"), "w")  # noqa: SIM115 - the caller closes it
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise SystemExit(
+            f"{exp.results}: another launch.reproduce is running this experiment"
+        ) from None
+    return lock
+
+
+def refresh_rows(exp: Experiment) -> int:
+    """Recompute the figures of each counted ok row (:func:`latest`, this machine's weights)
+    from its run directory where that survives, after :func:`summarize_run` learned a figure;
+    other rows stay as they are. Rewrites the results file atomically; returns how many."""
+    with grid_lock(exp):
+        rows = read_rows(exp.results)
+        fresh = 0
+        for (_, seed), (i, cell) in _latest(rows, exp, cell_models(exp)).items():
+            run_dir = exp.run_dir(cell, seed)
+            if rows[i].get("status") == "ok" and (run_dir / "metrics.jsonl").is_file():
+                rows[i] = {**rows[i], **summarize_run(run_dir)}
+                fresh += 1
+        tmp = exp.results.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        os.replace(tmp, exp.results)
+    return fresh
+
+
 def run_grid(
     exp: Experiment,
     *,
@@ -486,14 +534,7 @@ def run_grid(
 ) -> int:
     """Run what is pending (at most ``max_runs``), one row per run (committed to git after each
     run with ``commit``); returns how many ran."""
-    exp.results.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(exp.results.with_suffix(".lock"), "w")  # noqa: SIM115 - held for the whole grid
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SystemExit(
-            f"{exp.results}: another launch.reproduce is running this experiment"
-        ) from None
+    lock = grid_lock(exp)
     models = cell_models(exp)
     named = sorted({m for m in models.values() if m})
     todo = pending(exp, read_rows(exp.results), retry_failed, models)
@@ -666,8 +707,8 @@ def model_block(exp: Experiment, rows: list[dict], model: str | None, plots: lis
             cells += [_fmt(c.figures[k], heads[k][1]) for k in shown[1:]]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    if exp.fit:
-        lines += fit_markdown(exp, rows)
+    for one in exp.fits:
+        lines += fit_markdown(exp, rows, one)
     failed = [(c, s, e) for c in stats for s, e in c.failed]
     if failed:
         lines += ["Failed runs (recorded, not retried without `--retry-failed`):", ""]
@@ -679,8 +720,8 @@ def model_block(exp: Experiment, rows: list[dict], model: str | None, plots: lis
     return lines
 
 
-def fit_points(exp: Experiment, rows: list[dict]) -> list[tuple[float, float]]:
-    x, y = exp.fit["x"], exp.fit["y"]
+def fit_points(exp: Experiment, rows: list[dict], spec: dict) -> list[tuple[float, float]]:
+    x, y = spec["x"], spec["y"]
     pts = []
     for r in latest(rows, exp).values():
         if r.get("status") == "ok" and r.get(x) is not None and r.get(y) is not None:
@@ -688,10 +729,10 @@ def fit_points(exp: Experiment, rows: list[dict]) -> list[tuple[float, float]]:
     return pts
 
 
-def fit_markdown(exp: Experiment, rows: list[dict]) -> list[str]:
+def fit_markdown(exp: Experiment, rows: list[dict], spec: dict) -> list[str]:
     """The fitted line (accuracy in %, as the paper) over every ok row, beside the paper's."""
-    pts = fit_points(exp, rows)
-    x, y = exp.fit["x"], exp.fit["y"]
+    pts = fit_points(exp, rows, spec)
+    x, y = spec["x"], spec["y"]
     if len(pts) < 3 or len({p[0] for p in pts}) < 2:
         return [f"Fit of {y} on {x}: too few distinct points ({len(pts)}).", ""]
     f = fit([p[0] for p in pts], [100 * p[1] for p in pts])
@@ -732,8 +773,8 @@ def write_plots(exp: Experiment, rows: list[dict], folder: Path, suffix: str = "
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
-    if exp.fit:
-        pts = fit_points(exp, rows)
+    for i, spec in enumerate(exp.fits):
+        pts = fit_points(exp, rows, spec)
         if len(pts) >= 3 and len({p[0] for p in pts}) >= 2:
             f = fit([p[0] for p in pts], [100 * p[1] for p in pts])
             fig, ax = plt.subplots(figsize=(5.5, 4))
@@ -747,11 +788,12 @@ def write_plots(exp: Experiment, rows: list[dict], folder: Path, suffix: str = "
             upper = [a + b for a, b in zip(line, band, strict=True)]
             ax.fill_between(grid, lower, upper, alpha=0.2, label="95% band")
             ax.plot([0, 1], [51.4, 51.4 - 29.6], "--", label="paper: 51.4 - 29.6 x ACR100")
-            ax.set_xlabel(exp.fit["x"])
-            ax.set_ylabel(f"{exp.fit['y']} (%)")
+            ax.set_xlabel(spec["x"])
+            ax.set_ylabel(f"{spec['y']} (%)")
             ax.legend(fontsize=7)
             fig.tight_layout()
-            path = folder / f"{exp.name}_fit{suffix}.png"
+            name = f"{exp.name}_fit" + (f"_{spec['x']}" if i else "")  # the first keeps its name
+            path = folder / f"{name}{suffix}.png"
             fig.savefig(path, dpi=110)
             plt.close(fig)
             written.append(path)
@@ -791,6 +833,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-runs", type=int, default=None, help="stop after this many runs")
     ap.add_argument("--list", action="store_true", help="print the pending runs and exit")
     ap.add_argument(
+        "--refresh",
+        action="store_true",
+        help="recompute the rows' figures from their surviving run directories, then report",
+    )
+    ap.add_argument(
         "--commit", action="store_true", help="git-commit the results file after each run"
     )
     args = ap.parse_args(argv)
@@ -804,7 +851,9 @@ def main(argv: list[str] | None = None) -> int:
         for cell, seed in pending(exp, read_rows(exp.results), args.retry_failed, models):
             print(f"{cell_id(cell)} seed {seed}: {command(exp, cell, seed)}")
         return 0
-    if not args.report_only:
+    if args.refresh:
+        print(f"{exp.name}: {refresh_rows(exp)} rows recomputed from their run directories")
+    elif not args.report_only:
         with contextlib.suppress(KeyboardInterrupt):
             run_grid(
                 exp, retry_failed=args.retry_failed, max_runs=args.max_runs, commit=args.commit

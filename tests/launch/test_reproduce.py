@@ -243,6 +243,23 @@ def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_mode
     assert "- method=avspo: `python -m launch.train rollout=hf" in report
     assert "method=broken seed 0: exit status" in report
 
+    # --refresh: a figure a row lacks (rows older than the figure) comes back from its run dir
+    before = read_rows(exp.results)
+    assert all(0.0 <= r["early_acr_low"] <= r["early_acr"] for r in before[:2])
+    exp.results.write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "early_acr_low"}) + "\n"
+                for r in before)
+    )  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.reproduce", str(path), "--refresh"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 rows recomputed" in out.stdout  # the two ok rows; the failed one has no run
+    assert read_rows(exp.results) == [
+        before[0], before[1], {k: v for k, v in before[2].items() if k != "early_acr_low"}
+    ]  # fmt: skip
+
 
 def test_commit_rows_commits_the_results_file_alone(tmp_path):
     """``--commit``: after each run the results file is committed by itself; what else was
@@ -347,3 +364,28 @@ def test_weights_id_names_the_weights_with_or_without_a_manifest(tmp_path, tiny_
     assert weights_id(bare) not in (want, None)  # two files: a hash over both
     with pytest.raises(ValueError, match="no weights"):
         weights_id(tmp_path / "res")
+
+
+def test_several_fits_each_get_their_line_in_the_report(tmp_path):
+    """E2 fits final accuracy on early ACR (the paper's predictor) and on its all-incorrect
+    stratum: ``fit`` takes a list. Points on exact lines give exact coefficients."""
+    fits = [
+        {"x": "early_acr", "y": "final_accuracy"},
+        {"x": "early_acr_low", "y": "final_accuracy"},
+    ]
+    exp = load_experiment(str(experiment_file(tmp_path, fit=fits)))
+    assert [f["x"] for f in exp.fits] == ["early_acr", "early_acr_low"]
+    # accuracy = 0.5 - 0.3 x early_acr (in %: 50 - 30 x): 0.47, 0.35, 0.23 at x = 0.1, 0.5, 0.9;
+    # the same accuracies are 0.6 - 0.5 x early_acr_low at xl = (0.6 - acc) / 0.5 = 0.26, 0.5, 0.74
+    pts = [(0, "grpo", 0.1, 0.26), (1, "grpo", 0.5, 0.5), (2, "avspo", 0.9, 0.74)]
+    for seed, method, x, xl in pts:
+        r = row(exp, method, seed, 0.5 - 0.3 * x, early_acr=x, early_acr_low=xl)
+        assert abs(r["final_accuracy"] - (0.6 - 0.5 * xl)) < 1e-12
+        append_row(exp.results, r)
+    report = write_report(exp).read_text()
+    assert "final_accuracy (%) = 50.0 - 30.0 x early_acr, R^2 = 1.000" in report
+    assert "final_accuracy (%) = 60.0 - 50.0 x early_acr_low, R^2 = 1.000" in report
+    assert (exp.results.parent / "demo_fit.png").exists()
+    assert (exp.results.parent / "demo_fit_early_acr_low.png").exists()
+    with pytest.raises(ExperimentError, match=r"fit\[1\]: must be \{x: <row key>"):
+        load_experiment(str(experiment_file(tmp_path, fit=[fits[0], {"x": "early_acr"}])))
