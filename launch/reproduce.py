@@ -707,8 +707,8 @@ def model_block(exp: Experiment, rows: list[dict], model: str | None, plots: lis
             cells += [_fmt(c.figures[k], heads[k][1]) for k in shown[1:]]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    for one in exp.fits:
-        lines += fit_markdown(exp, rows, one)
+    for i, one in enumerate(exp.fits):
+        lines += fit_markdown(exp, rows, one, paper=i == 0)
     failed = [(c, s, e) for c in stats for s, e in c.failed]
     if failed:
         lines += ["Failed runs (recorded, not retried without `--retry-failed`):", ""]
@@ -729,8 +729,9 @@ def fit_points(exp: Experiment, rows: list[dict], spec: dict) -> list[tuple[floa
     return pts
 
 
-def fit_markdown(exp: Experiment, rows: list[dict], spec: dict) -> list[str]:
-    """The fitted line (accuracy in %, as the paper) over every ok row, beside the paper's."""
+def fit_markdown(exp: Experiment, rows: list[dict], spec: dict, paper: bool = True) -> list[str]:
+    """The fitted line (accuracy in %, as the paper) over every ok row, beside the paper's
+    (``paper``: the first fit, the paper's predictor)."""
     pts = fit_points(exp, rows, spec)
     x, y = spec["x"], spec["y"]
     if len(pts) < 3 or len({p[0] for p in pts}) < 2:
@@ -739,8 +740,13 @@ def fit_markdown(exp: Experiment, rows: list[dict], spec: dict) -> list[str]:
     return [
         f"Fit over {f.n} runs: {y} (%) = {f.intercept:.1f} {'-' if f.slope < 0 else '+'} "
         f"{abs(f.slope):.1f} x {x}, R^2 = {f.r2:.3f}; 95% band half-width at the mean "
-        f"{x} ({f.mean_x:.2f}): {f.band(f.mean_x):.1f} points. The paper: accuracy (%) = "
-        f"51.4 - 29.6 x ACR100, R^2 = 0.617 (245 runs of Qwen2.5 models on MATH).",
+        f"{x} ({f.mean_x:.2f}): {f.band(f.mean_x):.1f} points."
+        + (
+            " The paper: accuracy (%) = 51.4 - 29.6 x ACR100, R^2 = 0.617 (245 runs of Qwen2.5 "
+            "models on MATH)."
+            if paper
+            else ""
+        ),
         "",
     ]
 
@@ -787,12 +793,14 @@ def write_plots(exp: Experiment, rows: list[dict], folder: Path, suffix: str = "
             lower = [a - b for a, b in zip(line, band, strict=True)]
             upper = [a + b for a, b in zip(line, band, strict=True)]
             ax.fill_between(grid, lower, upper, alpha=0.2, label="95% band")
-            ax.plot([0, 1], [51.4, 51.4 - 29.6], "--", label="paper: 51.4 - 29.6 x ACR100")
+            if i == 0:  # the paper's predictor
+                ax.plot([0, 1], [51.4, 51.4 - 29.6], "--", label="paper: 51.4 - 29.6 x ACR100")
             ax.set_xlabel(spec["x"])
             ax.set_ylabel(f"{spec['y']} (%)")
             ax.legend(fontsize=7)
             fig.tight_layout()
-            name = f"{exp.name}_fit" + (f"_{spec['x']}" if i else "")  # the first keeps its name
+            # the first fit (the paper's predictor) keeps the plain name
+            name = f"{exp.name}_fit" + (f"_{spec['y']}_vs_{spec['x']}" if i else "")
             path = folder / f"{name}{suffix}.png"
             fig.savefig(path, dpi=110)
             plt.close(fig)

@@ -386,6 +386,6 @@ def test_several_fits_each_get_their_line_in_the_report(tmp_path):
     assert "final_accuracy (%) = 50.0 - 30.0 x early_acr, R^2 = 1.000" in report
     assert "final_accuracy (%) = 60.0 - 50.0 x early_acr_low, R^2 = 1.000" in report
     assert (exp.results.parent / "demo_fit.png").exists()
-    assert (exp.results.parent / "demo_fit_early_acr_low.png").exists()
+    assert (exp.results.parent / "demo_fit_final_accuracy_vs_early_acr_low.png").exists()
     with pytest.raises(ExperimentError, match=r"fit\[1\]: must be \{x: <row key>"):
         load_experiment(str(experiment_file(tmp_path, fit=[fits[0], {"x": "early_acr"}])))
