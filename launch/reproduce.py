@@ -387,11 +387,13 @@ def rows_of(rows: list[dict], model: str | None) -> list[dict]:
 
 
 def models_of(exp: Experiment, rows: list[dict]) -> list[str | None]:
-    """The weights ids the experiment's rows were made from, most rows first ([None] if none)."""
-    counts = collections.Counter(
-        r["model"] for r in latest(rows, exp).values() if r.get("model") is not None
-    )
-    return [m for m, _ in counts.most_common()] or [None]
+    """The weights ids the experiment's rows were made from, most counted rows first ([None] if
+    none). Each model is counted on its own rows: another model's row for the same (cell, seed)
+    does not hide it."""
+    counts = collections.Counter()
+    for model in {r.get("model") for r in rows} - {None}:
+        counts[model] = len(latest([r for r in rows if r.get("model") == model], exp))
+    return [m for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if n] or [None]
 
 
 def command(exp: Experiment, cell: dict[str, str], seed: int) -> str:

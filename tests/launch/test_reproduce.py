@@ -339,11 +339,14 @@ def test_rows_of_another_model_neither_count_as_done_nor_mix_into_the_aggregate(
     assert round(avspo_a.versus["final_accuracy"].mean, 9) == 0.1  # 0.30 - 0.20 on seed 0
     for r in rows:
         append_row(exp.results, r)
+    # later Intel runs of both AMD (cell, seed)s do not hide the AMD rows from the report
+    append_row(exp.results, row(exp, "grpo", 0, 0.42, model="bbbb1111", host="Intel"))
+    append_row(exp.results, row(exp, "avspo", 0, 0.33, model="bbbb1111", host="Intel"))
     report = write_report(exp).read_text()
     # one block per model, the one with more rows first, each naming its hosts
     a, b = report.index("model weights aaaa0000"), report.index("model weights bbbb1111")
     assert b < a
-    assert "model weights bbbb1111 (Intel): 2 of 4 runs" in report
+    assert "model weights bbbb1111 (Intel): 3 of 4 runs" in report
     assert "model weights aaaa0000 (AMD): 2 of 4 runs" in report
 
 
