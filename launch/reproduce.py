@@ -35,7 +35,6 @@ run directories that survive on this machine (after a figure was added here).
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import dataclasses
 import datetime
@@ -250,6 +249,7 @@ def summarize_run(run_dir: Path) -> dict:
         vals = [v for st, v in zip(*run.series(key), strict=True) if 1 <= st <= last]
         return math.fsum(vals) / len(vals) if vals else None
 
+    early = max(1, math.ceil(steps / 4))
     grad = 0.0
     for row in run.rows.values():
         if "perf/learner_tokens" in row:
@@ -270,10 +270,10 @@ def summarize_run(run_dir: Path) -> dict:
         "acr_high": s["mean_acr_high"],
         "acr_low": s["mean_acr_low"],
         # the first quarter of the run (at least one step); ACR100 only where 100 steps ran
-        "early_acr": mean_over("acr/raw", max(1, math.ceil(steps / 4))),
+        "early_acr": mean_over("acr/raw", early),
         # its strata: all-incorrect groups (no signal to learn from) and all-correct (solved)
-        "early_acr_low": mean_over("acr/low", max(1, math.ceil(steps / 4))),
-        "early_acr_high": mean_over("acr/high", max(1, math.ceil(steps / 4))),
+        "early_acr_low": mean_over("acr/low", early),
+        "early_acr_high": mean_over("acr/high", early),
         "acr100": mean_over("acr/raw", 100) if steps >= 100 else None,
         "trigger_rate": s["trigger_rate"],
         "generated_tokens": total,
@@ -382,15 +382,16 @@ def cell_models(exp: Experiment, log=print) -> dict[str, str | None]:
 
 def rows_of(rows: list[dict], model: str | None) -> list[dict]:
     """The rows made from ``model``'s weights, and those that never got to a model (a config
-    that failed to compose: the same failure on any machine)."""
-    return [r for r in rows if r.get("model") in (model, None)]
+    that failed to compose: the same failure on any machine); every row for ``None`` (no row
+    names a model)."""
+    return rows if model is None else [r for r in rows if r.get("model") in (model, None)]
 
 
 def models_of(exp: Experiment, rows: list[dict]) -> list[str | None]:
     """The weights ids the experiment's rows were made from, most counted rows first ([None] if
     none). Each model is counted on its own rows: another model's row for the same (cell, seed)
     does not hide it."""
-    counts = collections.Counter()
+    counts = {}
     for model in {r.get("model") for r in rows} - {None}:
         counts[model] = len(latest([r for r in rows if r.get("model") == model], exp))
     return [m for m, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if n] or [None]
@@ -594,9 +595,7 @@ def aggregate(exp: Experiment, rows: list[dict], model: str | None = None) -> li
     """Per cell: each figure's estimate over the seeds with an ok row, and paired differences
     against the baseline cell (the same cell with the baseline's axis values); with ``model``,
     over the rows made from those weights only (:func:`rows_of`)."""
-    if model is not None:
-        rows = rows_of(rows, model)
-    done = latest(rows, exp)
+    done = latest(rows_of(rows, model), exp)
     ok = {key: r for key, r in done.items() if r.get("status") == "ok"}
     # accuracy at equal rollout tokens, within each table group (and seed-independent budget)
     groups: dict[str, list[tuple[str, int]]] = {}
@@ -663,8 +662,7 @@ def report_markdown(
         "",
     ]
     for model in models_of(exp, rows):
-        mine = rows_of(rows, model) if model is not None else rows
-        lines += model_block(exp, mine, model, plots.get(model, []))
+        lines += model_block(exp, rows_of(rows, model), model, plots.get(model, []))
     lines += ["<details><summary>The command of every cell (add trainer.seed=S)</summary>", ""]
     for cell in exp.cells:
         cmd = command(exp, cell, 0).removesuffix(" trainer.seed=0")
@@ -817,9 +815,8 @@ def write_report(exp: Experiment) -> Path:
     plots = {}
     if rows:  # the main model's plots keep the plain names; another model's carry its id
         for i, model in enumerate(models_of(exp, rows)):
-            mine = rows_of(rows, model) if model is not None else rows
             suffix = f"_{model}" if i else ""
-            plots[model] = write_plots(exp, mine, exp.results.parent, suffix)
+            plots[model] = write_plots(exp, rows_of(rows, model), exp.results.parent, suffix)
     begin, end = f"<!-- reproduce:{exp.name} begin -->", f"<!-- reproduce:{exp.name} end -->"
     section = f"{begin}\n{report_markdown(exp, rows, plots)}{end}"
     text = exp.report.read_text() if exp.report.exists() else "# Results\n"
