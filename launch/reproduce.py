@@ -360,23 +360,28 @@ def host() -> str:
 def cell_models(exp: Experiment, log=print) -> dict[str, str | None]:
     """Each cell's model weights on this machine (cell id -> :func:`launch.bootstrap.weights_id`),
     building the model where the cache lacks it, as its run would. ``None`` for a cell whose
-    config does not compose: its run fails before any model, wherever it runs."""
+    config does not compose or validate: its run fails before any model, wherever it runs. Any
+    other failure (a model build that fails: a full disk, a broken cache) is this machine's and
+    stops the grid rather than becoming a model-less row that every model's block would show."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    from launch.bootstrap import ensure_model, weights_id
-    from launch.config import to_train_config
+    import launch.bootstrap as bootstrap
+    from launch.config import ConfigError, to_train_config
 
     out, by_spec = {}, {}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for cell in exp.cells:
             try:
                 cfg = to_train_config(compose("config", overrides=exp.overrides(cell, 0)))
-                spec = json.dumps(dataclasses.asdict(cfg.model), sort_keys=True, default=str)
-                if spec not in by_spec:
-                    by_spec[spec] = weights_id(ensure_model(cfg.model, log))
-                out[cell_id(cell)] = by_spec[spec]
-            except Exception:  # noqa: BLE001 - the run itself records why
-                out[cell_id(cell)] = None
+            except (ConfigError, HydraException, OmegaConfBaseException):
+                out[cell_id(cell)] = None  # the run itself records why
+                continue
+            spec = json.dumps(dataclasses.asdict(cfg.model), sort_keys=True, default=str)
+            if spec not in by_spec:
+                by_spec[spec] = bootstrap.weights_id(bootstrap.ensure_model(cfg.model, log))
+            out[cell_id(cell)] = by_spec[spec]
     return out
 
 
@@ -853,18 +858,24 @@ def main(argv: list[str] | None = None) -> int:
     except ExperimentError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.list:
-        models = cell_models(exp)
-        for cell, seed in pending(exp, read_rows(exp.results), args.retry_failed, models):
-            print(f"{cell_id(cell)} seed {seed}: {command(exp, cell, seed)}")
-        return 0
-    if args.refresh:
-        print(f"{exp.name}: {refresh_rows(exp)} rows recomputed from their run directories")
-    elif not args.report_only:
-        with contextlib.suppress(KeyboardInterrupt):
-            run_grid(
-                exp, retry_failed=args.retry_failed, max_runs=args.max_runs, commit=args.commit
-            )
+    from launch.config import ConfigError
+
+    try:
+        if args.list:
+            models = cell_models(exp)
+            for cell, seed in pending(exp, read_rows(exp.results), args.retry_failed, models):
+                print(f"{cell_id(cell)} seed {seed}: {command(exp, cell, seed)}")
+            return 0
+        if args.refresh:
+            print(f"{exp.name}: {refresh_rows(exp)} rows recomputed from their run directories")
+        elif not args.report_only:
+            with contextlib.suppress(KeyboardInterrupt):
+                run_grid(
+                    exp, retry_failed=args.retry_failed, max_runs=args.max_runs, commit=args.commit
+                )
+    except ConfigError as e:  # a cell's model is missing on this machine: no run can start
+        print(f"error: {exp.name}: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {write_report(exp)}")
     return 0
 

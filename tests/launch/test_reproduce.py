@@ -392,3 +392,51 @@ def test_several_fits_each_get_their_line_in_the_report(tmp_path):
     assert (exp.results.parent / "demo_fit_final_accuracy_vs_early_acr_low.png").exists()
     with pytest.raises(ExperimentError, match=r"fit\[1\]: must be \{x: <row key>"):
         load_experiment(str(experiment_file(tmp_path, fit=[fits[0], {"x": "early_acr"}])))
+
+
+def test_cell_models_names_bad_configs_none_but_stops_on_a_failed_build(tmp_path, monkeypatch):
+    """A cell whose config does not compose fails the same way on any machine, so it has no
+    model (``None``); a model build that fails (a full disk, a broken cache) is this machine's
+    problem and must stop the grid, not be recorded as a model-less row shown in every block."""
+    import launch.bootstrap
+    from launch.reproduce import cell_models
+
+    spec = {"bad": ["algorithm=no_such_preset"], "grpo": ["algorithm=grpo"]}
+    exp = load_experiment(str(experiment_file(tmp_path, axes={"method": spec})))
+    built = []
+
+    def fake_build(cfg, log=print):
+        built.append(cfg.source)
+        folder = tmp_path / "model"
+        folder.mkdir(exist_ok=True)
+        (folder / "model.safetensors").write_bytes(b"w")
+        return str(folder)
+
+    monkeypatch.setattr(launch.bootstrap, "ensure_model", fake_build)
+    models = cell_models(exp, log=lambda *a: None)
+    assert models["method=bad"] is None and models["method=grpo"] is not None
+    assert len(built) == 1  # the bad cell never got to a model
+
+    def full_disk(cfg, log=print):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(launch.bootstrap, "ensure_model", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        cell_models(exp, log=lambda *a: None)
+
+
+def test_a_cell_whose_model_folder_is_missing_stops_the_grid_with_the_key(
+    tmp_path, capsys, monkeypatch
+):
+    """The paper's model preset pointed at a folder this machine lacks: one message naming
+    model.path, exit 2, before any run starts and without a row."""
+    from launch.reproduce import main
+
+    missing = tmp_path / "no_such_model"
+    monkeypatch.setenv("AVSPO_QWEN_MATH_1_5B", str(missing))
+    path = experiment_file(tmp_path, base=["rollout=hf", "model=qwen2.5-math-1.5b"])
+    assert main([str(path), "--list"]) == 2
+    err = capsys.readouterr().err
+    assert "model.path" in err and str(missing) in err
+    assert main([str(path), "--max-runs", "1"]) == 2
+    assert not (tmp_path / "res" / "demo.jsonl").exists()
