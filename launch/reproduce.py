@@ -638,7 +638,7 @@ def aggregate(exp: Experiment, rows: list[dict], model: str | None = None) -> li
 def _fmt(e: Estimate | None, scale: float) -> str:
     if e is None or e.mean is None:
         return "n/a"
-    digits = 1 if scale != 1.0 or abs(e.mean) >= 100 else 3
+    digits = 1 if scale != 1.0 or abs(e.mean) >= 10 else 3  # seconds, tokens: 1; fractions: 3
     out = f"{e.mean * scale:.{digits}f}"
     return out + (f" +- {e.ci * scale:.{digits}f}" if e.ci is not None else "")
 

@@ -440,3 +440,13 @@ def test_a_cell_whose_model_folder_is_missing_stops_the_grid_with_the_key(
     assert "model.path" in err and str(missing) in err
     assert main([str(path), "--max-runs", "1"]) == 2
     assert not (tmp_path / "res" / "demo.jsonl").exists()
+
+
+def test_figures_of_ten_or_more_get_one_decimal_fractions_three():
+    """Wall seconds of 69.7 read '69.7 +- 10.5', not '69.700 +- 10.460'; accuracies keep 3."""
+    from diagnostics.stats import estimate
+    from launch.reproduce import _fmt
+
+    assert _fmt(estimate([59.24, 80.16]), 1.0).startswith("69.7 +- ")  # mean (59.24+80.16)/2
+    assert _fmt(estimate([0.4, 0.5, 0.6]), 1.0) == "0.500 +- 0.248"  # t975(2) * 0.1 / sqrt(3)
+    assert _fmt(estimate([1500.0]), 1e-3) == "1.5"  # tokens shown in thousands, one seed
