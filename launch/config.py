@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from diagnostics.acr import MonitorConfig
 from launch.model_config import ModelConfig
@@ -29,6 +31,11 @@ from rollout.config import RolloutConfig
 
 class ConfigError(ValueError):
     """A config value is invalid; the message starts with the key's path."""
+
+
+# What composing and validating a config can raise for a bad config (not a bug): Hydra's errors
+# (unknown preset, bad override), OmegaConf's (unknown key, wrong type) and ours.
+COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, ConfigError)
 
 
 @contextlib.contextmanager

@@ -364,18 +364,16 @@ def cell_models(exp: Experiment, log=print) -> dict[str, str | None]:
     other failure (a model build that fails: a full disk, a broken cache) is this machine's and
     stops the grid rather than becoming a model-less row that every model's block would show."""
     from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     import launch.bootstrap as bootstrap
-    from launch.config import ConfigError, to_train_config
+    from launch.config import COMPOSE_ERRORS, to_train_config
 
     out, by_spec = {}, {}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for cell in exp.cells:
             try:
                 cfg = to_train_config(compose("config", overrides=exp.overrides(cell, 0)))
-            except (ConfigError, HydraException, OmegaConfBaseException):
+            except COMPOSE_ERRORS:
                 out[cell_id(cell)] = None  # the run itself records why
                 continue
             spec = json.dumps(dataclasses.asdict(cfg.model), sort_keys=True, default=str)

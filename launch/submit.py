@@ -76,15 +76,13 @@ def resolve_address(arg: str | None) -> str:
 def check_overrides(overrides: list[str]) -> str | None:
     """Compose and validate the config like launch.train; return trainer.run_dir."""
     from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
-    from launch.config import ConfigError, to_train_config
+    from launch.config import COMPOSE_ERRORS, to_train_config
 
     try:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = to_train_config(compose("config", overrides=overrides))
-    except (HydraException, OmegaConfBaseException, ConfigError) as err:
+    except COMPOSE_ERRORS as err:
         cause = "\n  " + str(err.__cause__).replace("\n", "\n  ") if err.__cause__ else ""
         fail(f"config error: {err}{cause}\nnothing was submitted")
     return cfg.trainer.run_dir
