@@ -16,8 +16,9 @@ A group is *collapsed* when ``sigma_pop(R_j) < tau`` or G = 1 (see ``diagnostics
   advantage and one against every reward the prompt got so far, blended by the visit count,
   the smaller magnitude kept; needs each group's prompt key (per-prompt state, checkpointed).
 - ``avspo_release``: the authors' released rule (their TRL fork): as ``grpo`` with eps = 1e-4,
-  except that when *every* reward of the step equals r_lo (or every one equals r_hi), each group
-  gets one virtual sample of the opposite label (r_hi, or r_lo) joined to its statistics.
+  except that a group whose rewards all equal r_lo (or all equal r_hi) gets one virtual sample
+  of the opposite label (r_hi, or r_lo) joined to its statistics; ``scope="step"`` fires only
+  when the whole step is at one label (the fork's batch is one group: the two agree there).
 
 Every collapsed group gets exactly 0 from ``grpo``/``dr_grpo``/``rloo`` (never NaN, whatever
 eps). Virtual values for k = 1..K (r_lo, r_hi = the task's reward range):
@@ -54,9 +55,11 @@ import torch
 from torch import Tensor
 
 from diagnostics.acr import CollapseStats, collapse_stats
+from diagnostics.groups import segment_sum
 
 STRATEGIES = ("stratified", "fixed", "random", "opposite")
 AUGMENT = ("both", "incorrect", "correct")  # which collapsed groups AVSPO may augment
+RELEASE_SCOPES = ("group", "step")  # what the released rule tests for a single label
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class AdvantageResult:
     num_virtual: int  # virtual samples added in the step
     acr: float  # ACR_t of the real rewards
     k: Tensor = field(repr=False)  # [M] long, virtual samples per group (0 if not augmented)
-    triggered: bool = False  # AVSPO: ACR_t > tau_adapt; avspo_release: the step-wide rule fired
+    triggered: bool = False  # AVSPO: ACR_t > tau_adapt; avspo_release: the rule fired somewhere
     stats: CollapseStats | None = field(default=None, repr=False)  # of the real rewards
 
     @property
@@ -348,67 +351,82 @@ def avspo_release_advantages(
     tau: float = 1e-6,
     reward_range: tuple[float, float] = (0.0, 1.0),
     unbiased: bool = True,
+    scope: str = "group",
 ) -> AdvantageResult:
     """The authors' released AVSPO rule (their TRL fork; DESIGN.md section 4, ``avspo_release``).
 
-    Only when *every* reward of the step equals r_lo (or every one equals r_hi; exact float
-    equality, the rewards being binary) does the rule fire: each group j then gets ONE virtual
-    sample v of the opposite label (v = r_hi for an all-r_lo step, r_lo for an all-r_hi one), and
-    its real samples get A_ji = (r_ji - mean(R_j u {v})) / (std(R_j u {v}) + eps) over the G_j + 1
-    values (unbiased std by default), eps = 1e-4. Otherwise it is plain GRPO with the same eps
-    (collapsed groups get exactly 0). The virtual sample has no tokens.
+    The fork checks its *batch*: only when every reward of it equals r_lo (or every one equals
+    r_hi; exact float equality, the rewards being binary) does the rule fire, and each group j
+    then gets ONE virtual sample v of the opposite label (v = r_hi for all-r_lo, r_lo for
+    all-r_hi); its real samples get A_ji = (r_ji - mean(R_j u {v})) / (std(R_j u {v}) + eps) over
+    the G_j + 1 values (unbiased std by default), eps = 1e-4. Otherwise it is plain GRPO with the
+    same eps (collapsed groups get exactly 0). The virtual sample has no tokens.
+
+    ``scope`` says what the batch is. In every published setting of the fork it is one group
+    (one prompt x G per optimizer step), so ``group`` (default; the preset's) applies the test to
+    each group on its own: every group whose rewards all equal r_lo or all equal r_hi gets its
+    opposite-label sample, whatever the other groups hold. ``step`` applies it to the whole step
+    (a literal reading that at 64 groups of 8 practically never fires). On a one-group step the
+    two are the same.
 
     How it differs from the paper's ``avspo`` (:func:`avspo_advantages`): the paper triggers per
     step when ACR_t > tau_adapt, and then augments every collapsed group, even when other groups
     of the step are informative; it adds K_t virtual samples valued by a strategy (``stratified``
-    by default) and uses eps = 1e-6. The release fires only on a whole-step collapse to a single
-    label, adds one opposite-label sample per group, has no threshold (``tau_adapt`` plays no
-    part) and uses eps = 1e-4.
+    by default) and uses eps = 1e-6. The release fires on a group (or step) collapsed at a single
+    label only (not at a partial credit), adds one opposite-label sample, has no threshold
+    (``tau_adapt`` plays no part) and uses eps = 1e-4.
 
     Two groups of G = 2, all incorrect: v = 1 joins each, {0, 0, 1} has mean 1/3 and unbiased
     std sqrt((2/9 + 4/9) / 2) = sqrt(1/3), so A = -(1/3) / sqrt(1/3) = -0.5774 (eps = 0); all
-    correct mirrors it; a step with both labels is plain GRPO (here both groups collapsed: 0).
+    correct mirrors it. A step with one all-0 and one all-1 group: per group both fire (+-0.5774);
+    per step it is plain GRPO (both groups collapsed: 0).
 
     >>> g = torch.tensor([0, 0, 1, 1])
     >>> res = avspo_release_advantages(torch.zeros(4), g, eps=0.0)
     >>> [round(a, 4) for a in res.advantages.tolist()], res.triggered, res.num_virtual
     ([-0.5774, -0.5774, -0.5774, -0.5774], True, 2)
-    >>> res = avspo_release_advantages(torch.ones(4), g, eps=0.0)
-    >>> [round(a, 4) for a in res.advantages.tolist()]
-    [0.5774, 0.5774, 0.5774, 0.5774]
-    >>> res = avspo_release_advantages(torch.tensor([0.0, 0.0, 1.0, 1.0]), g)
+    >>> res = avspo_release_advantages(torch.tensor([0.0, 0.0, 1.0, 1.0]), g, eps=0.0)
+    >>> [round(a, 4) for a in res.advantages.tolist()], res.num_virtual
+    ([-0.5774, -0.5774, 0.5774, 0.5774], 2)
+    >>> res = avspo_release_advantages(torch.tensor([0.0, 0.0, 1.0, 1.0]), g, scope="step")
     >>> res.advantages.tolist(), res.triggered, res.num_virtual
     ([0.0, 0.0, 0.0, 0.0], False, 0)
     """
     r_lo, r_hi = reward_range
     if not r_lo < r_hi:
         raise ValueError(f"reward_range must satisfy r_lo < r_hi, got {reward_range}")
+    if scope not in RELEASE_SCOPES:
+        raise ValueError(f"unknown release scope {scope!r}; expected one of {RELEASE_SCOPES}")
     stats = collapse_stats(rewards, group_ids, tau=tau, r_lo=r_lo)
+    groups = stats.groups
     # Exact equality on the rewards as given (before any dtype change), as the release does.
-    all_lo = bool((rewards == r_lo).all())
-    all_hi = bool((rewards == r_hi).all())
+    lo = segment_sum((rewards != r_lo).to(torch.int64), groups) == 0  # [M] every reward r_lo
+    hi = segment_sum((rewards != r_hi).to(torch.int64), groups) == 0  # [M] every reward r_hi
+    if scope == "step":
+        lo, hi = lo & bool(lo.all()), hi & bool(hi.all())
+    augmented = lo | hi  # [M]
     rewards = rewards.to(stats.mean.dtype)
-    if not (all_lo or all_hi):
-        denom = _grpo_denom(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
+    dtype = rewards.dtype
+    denom = _grpo_denom(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
+    if not bool(augmented.any()):
         return _result(stats, _apply(rewards, stats, stats.mean, denom), triggered=False)
 
-    # Every group holds G_j copies of one value r (M2_R = 0) plus one virtual v: by Chan's
-    # formula with K = 1, mean_u = (G r + v) / (G + 1), M2_u = G / (G + 1) * (r - v)^2.
-    groups, dtype = stats.groups, rewards.dtype
-    v = r_hi if all_lo else r_lo
+    # An augmented group holds G_j copies of one value r (M2_R = 0) plus one virtual v: by
+    # Chan's formula with K = 1, mean_u = (G r + v) / (G + 1), M2_u = G / (G + 1) * (r - v)^2.
+    v = torch.where(lo, r_hi, r_lo).to(dtype)  # [M]
     g_real = groups.size.to(dtype)  # [M]
     gap = stats.mean - v
     mean_u = (g_real * stats.mean + v) / (g_real + 1)
     m2_u = g_real / (g_real + 1) * gap * gap
     dof = g_real + (0 if unbiased else 1)
-    denom = _zero_where(torch.sqrt(m2_u / dof) + eps)
-    m = groups.num
+    center = torch.where(augmented, mean_u, stats.mean)
+    denom = torch.where(augmented, _zero_where(torch.sqrt(m2_u / dof) + eps), denom)
     return _result(
         stats,
-        _apply(rewards, stats, mean_u, denom),
-        augmented=torch.ones(m, dtype=torch.bool),
-        num_virtual=m,
-        k=torch.ones(m, dtype=torch.long),
+        _apply(rewards, stats, center, denom),
+        augmented=augmented,
+        num_virtual=int(augmented.sum()),
+        k=augmented.to(torch.long),
         triggered=True,
     )
 
@@ -551,7 +569,7 @@ def _avspo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, histo
 
 @register_estimator("avspo_release")
 def _avspo_release(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
-    # tau_adapt and the trigger play no part: the release fires only on a whole-step collapse.
+    # tau_adapt and the trigger play no part: the rule fires on single-label groups (or steps).
     return avspo_release_advantages(
         rewards,
         group_ids,
@@ -559,6 +577,7 @@ def _avspo_release(rewards, group_ids, cfg, *, tau_adapt, reward_range, generato
         tau=cfg.tau,
         reward_range=reward_range,
         unbiased=cfg.unbiased_std,
+        scope=cfg.avspo.release_scope,
     )
 
 

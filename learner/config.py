@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from learner.advantage import AUGMENT, ESTIMATORS, STRATEGIES
+from learner.advantage import AUGMENT, ESTIMATORS, RELEASE_SCOPES, STRATEGIES
 from learner.logprobs import CHUNK_TOKENS, LOGITS_MODES
 from learner.loss import LossConfig
 from learner.trigger import TriggerConfig
@@ -18,7 +18,7 @@ from reward.intrinsic import IntrinsicRewardConfig
 
 @dataclass
 class AvspoConfig:
-    """Virtual samples for collapsed groups (used by the ``avspo`` estimator only)."""
+    """Virtual samples for collapsed groups (the ``avspo`` and ``avspo_release`` estimators)."""
 
     alpha: float = field(default=0.5, metadata={"gt": 0.0})
     """K_t = max(1, min(G, ceil(G * ACR_t ** alpha)))."""
@@ -31,6 +31,11 @@ class AvspoConfig:
     augment: str = field(default="both", metadata={"choices": AUGMENT})
     """Which collapsed groups get virtual samples: both (AVSPO), incorrect (all-incorrect groups
     only) or correct (all-correct only): the paper's mechanism isolation (ablation)."""
+    release_scope: str = field(default="group", metadata={"choices": RELEASE_SCOPES})
+    """``avspo_release`` only: where the released rule looks for a single label. ``group``: every
+    group whose rewards are all r_lo (all r_hi) gets one r_hi (r_lo) virtual sample, the fork's
+    rule in its published settings, where a batch is one group; ``step``: only when the whole
+    step is at one label (the literal reading; at 64 groups x 8 it practically never fires)."""
 
 
 @dataclass

@@ -64,10 +64,10 @@ def test_float32_rewards_and_unequal_group_sizes():
     assert res.num_virtual == 2 and res.k.tolist() == [1, 1]
 
 
-def test_mixed_step_is_plain_grpo_with_eps_1e4():
-    # Group 0 all correct: collapsed -> exactly 0. Group 1 = (1, 0, 0, 0): mean 0.25,
+def test_mixed_step_is_plain_grpo_with_eps_1e4_per_step():
+    # scope="step": group 0 all correct but the step holds 0s too -> collapsed, exactly 0. Group 1 = (1, 0, 0, 0): mean 0.25,
     # unbiased std sqrt(0.75 / 3) = 0.5 -> A = 0.75 / 0.5001 = 1.499700, -0.25 / 0.5001 = -0.499900.
-    res = avspo_release_advantages(t([1.0] * 4 + [1.0, 0.0, 0.0, 0.0]), G4)
+    res = avspo_release_advantages(t([1.0] * 4 + [1.0, 0.0, 0.0, 0.0]), G4, scope="step")
     assert res.advantages[:4].tolist() == [0.0] * 4
     assert res.advantages[4:].tolist() == pytest.approx(
         [0.75 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001], rel=1e-12
@@ -78,10 +78,10 @@ def test_mixed_step_is_plain_grpo_with_eps_1e4():
     assert res.collapsed.tolist() == [True, False] and res.acr == 0.5
 
 
-def test_every_group_collapsed_at_both_labels_does_not_fire():
+def test_every_group_collapsed_at_both_labels_does_not_fire_per_step():
     # Every group is collapsed (ACR = 1) but the step holds both 0s and 1s: not "every reward
     # equals one label", so plain GRPO: every group collapsed -> all advantages exactly 0.
-    res = avspo_release_advantages(t([0.0] * 4 + [1.0] * 4), G4)
+    res = avspo_release_advantages(t([0.0] * 4 + [1.0] * 4), G4, scope="step")
     assert res.advantages.tolist() == [0.0] * 8
     assert res.acr == 1.0
     assert res.triggered is False and res.num_virtual == 0 and res.k.tolist() == [0, 0]
@@ -148,7 +148,7 @@ def test_advantage_stage_reports_the_release_rule():
     assert m["avspo/triggered"] == 1.0 and m["avspo/virtual_samples"] == 2.0
     assert m["avspo/groups_augmented"] == 2.0 and m["avspo/k"] == 1.0
     assert res.advantages.tolist() == pytest.approx([A_ALL_ZERO] * 8, rel=1e-12)
-    _, m = stage(t([1.0] * 4 + [1.0, 0.0, 0.0, 0.0]), G4)  # mixed step: not fired
+    _, m = stage(t([1.0, 0.0, 1.0, 0.0] + [1.0, 0.0, 0.0, 0.0]), G4)  # no single-label group
     assert m["avspo/triggered"] == 0.0 and m["avspo/virtual_samples"] == 0.0
 
 
@@ -162,3 +162,61 @@ def test_preset_composes():
     )
     # everything else is the schema default
     assert (a.tau, a.unbiased_std) == (1e-6, True)
+
+
+# ---- release_scope (issue 24): per group (the fork's batch is one group) or per step ----------
+
+G3x4 = ids([0] * 4 + [1] * 4 + [2] * 4)
+MIXED3 = [0.0] * 4 + [1.0, 0.0, 0.0, 0.0] + [1.0] * 4  # all-0 | mixed | all-1
+
+
+def test_group_scope_augments_every_single_label_group_in_a_mixed_step():
+    # Group 0 (all 0): v = 1 -> A_ALL_ZERO; group 1 (1, 0, 0, 0): GRPO, eps 1e-4 -> 0.75 / 0.5001,
+    # -0.25 / 0.5001; group 2 (all 1): v = 0 -> {1, 1, 1, 1, 0}, the mirror image -A_ALL_ZERO.
+    res = avspo_release_advantages(t(MIXED3), G3x4, scope="group")
+    want = [A_ALL_ZERO] * 4 + [0.75 / 0.5001] + [-0.25 / 0.5001] * 3 + [-A_ALL_ZERO] * 4
+    assert res.advantages.tolist() == pytest.approx(want, rel=1e-12)
+    assert res.augmented.tolist() == [True, False, True]
+    assert res.k.tolist() == [1, 0, 1] and res.num_virtual == 2 and res.triggered is True
+    assert res.collapsed.tolist() == [True, False, True]
+
+
+def test_step_scope_leaves_the_same_step_as_grpo():
+    # The literal reading: the step holds both labels, so nothing fires; collapsed groups get 0.
+    res = avspo_release_advantages(t(MIXED3), G3x4, scope="step")
+    want = [0.0] * 4 + [0.75 / 0.5001] + [-0.25 / 0.5001] * 3 + [0.0] * 4
+    assert res.advantages.tolist() == pytest.approx(want, rel=1e-12)
+    assert res.triggered is False and res.num_virtual == 0
+
+
+def test_group_scope_skips_partial_credit_collapse():
+    # (0.5 x 4) is collapsed but at neither label: GRPO's exact 0; group 1 (all 0) still fires.
+    res = avspo_release_advantages(t([0.5] * 4 + [0.0] * 4), G4, scope="group")
+    assert res.advantages[:4].tolist() == [0.0] * 4
+    assert res.advantages[4:].tolist() == pytest.approx([A_ALL_ZERO] * 4, rel=1e-12)
+    assert res.augmented.tolist() == [False, True]
+
+
+@pytest.mark.parametrize("rewards", [[0.0] * 4, [1.0] * 4, [1.0, 0.0, 0.0, 0.0]])
+def test_one_group_batch_is_the_same_under_both_scopes(rewards):
+    # The fork's published setting: its batch is one group, where the two readings coincide.
+    g = ids([0] * 4)
+    a = avspo_release_advantages(t(rewards), g, scope="group")
+    b = avspo_release_advantages(t(rewards), g, scope="step")
+    assert torch.equal(a.advantages, b.advantages)
+    assert (a.triggered, a.num_virtual) == (b.triggered, b.num_virtual)
+
+
+def test_unknown_scope_is_rejected():
+    with pytest.raises(ValueError, match="scope"):
+        avspo_release_advantages(t([0.0] * 4), ids([0] * 4), scope="batch")
+
+
+def test_preset_applies_the_rule_per_group():
+    cfg = load("algorithm=avspo_release").algorithm
+    assert cfg.avspo.release_scope == "group"
+    res, m = AdvantageStage(cfg, reward_range=(0, 1), seed=0)(t(MIXED3), G3x4)
+    assert m["avspo/groups_augmented"] == 2.0 and m["avspo/virtual_samples"] == 2.0
+    step = load("algorithm=avspo_release", "algorithm.avspo.release_scope=step").algorithm
+    _, m = AdvantageStage(step, reward_range=(0, 1), seed=0)(t(MIXED3), G3x4)
+    assert m["avspo/groups_augmented"] == 0.0
