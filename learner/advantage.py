@@ -48,6 +48,7 @@ v = 6/7..1/7, union mean 11/14, real advantage 0.7276 (population std) / 0.7011 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -74,6 +75,7 @@ class AdvantageResult:
     k: Tensor = field(repr=False)  # [M] long, virtual samples per group (0 if not augmented)
     triggered: bool = False  # AVSPO: ACR_t > tau_adapt; avspo_release: the rule fired somewhere
     stats: CollapseStats | None = field(default=None, repr=False)  # of the real rewards
+    metrics: dict[str, float] = field(default_factory=dict)  # the estimator's own (dcpo/*)
 
     @property
     def group_index(self) -> Tensor:
@@ -279,11 +281,14 @@ def avspo_advantages(
     unbiased: bool = True,
     generator: torch.Generator | None = None,
     augment: str = "both",
+    trigger_acr: float | None = None,
 ) -> AdvantageResult:
     """AVSPO advantages (module docstring); non-augmented groups are bit-identical to GRPO.
     ``augment``: the paper's mechanism isolation, which collapsed groups may get virtual samples
     when the trigger fires: ``both`` (AVSPO), ``incorrect`` (all-incorrect groups only) or
-    ``correct`` (all-correct groups only); the trigger and K_j still use the whole step's ACR."""
+    ``correct`` (all-correct groups only); the trigger and K_j still use the whole step's ACR.
+    ``trigger_acr``: the ACR the trigger and K_j use instead of this step's (a window over
+    recent steps: ``algorithm.trigger.acr_window``); ``result.acr`` stays this step's."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
     if augment not in AUGMENT:
@@ -297,7 +302,8 @@ def avspo_advantages(
     rewards = rewards.to(stats.mean.dtype)
     center = stats.mean
     denom = _grpo_denom(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
-    triggered = stats.acr > tau_adapt
+    acr = stats.acr if trigger_acr is None else float(trigger_acr)
+    triggered = acr > tau_adapt
     stratum = stats.collapsed  # "both"
     if augment == "correct":
         stratum = stats.high
@@ -308,7 +314,7 @@ def avspo_advantages(
         return _result(stats, _apply(rewards, stats, center, denom), triggered=triggered)
 
     groups, dtype = stats.groups, rewards.dtype
-    k_all = virtual_counts(groups.size, stats.acr, alpha=alpha, k=k, strategy=strategy)
+    k_all = virtual_counts(groups.size, acr, alpha=alpha, k=k, strategy=strategy)
     k_all = torch.where(augmented, k_all, torch.zeros_like(k_all))  # [M]
     aug = augmented.nonzero().squeeze(1)  # [A] augmented groups
     k_aug = k_all[aug]  # [A]
@@ -505,8 +511,9 @@ def dcpo_advantages(
 
 # ---------------------------------------------------------------------------------------------
 # Registry: every estimator has the signature fn(rewards, group_ids, cfg, *, tau_adapt,
-# reward_range, generator, history) -> AdvantageResult, where cfg is an AlgorithmConfig and
-# history a PromptHistory (per-prompt state, for the estimators that keep one) or None. The
+# reward_range, generator, history, trigger_acr) -> AdvantageResult, where cfg is an
+# AlgorithmConfig, history a PromptHistory (per-prompt state, for the estimators that keep one)
+# or None, and trigger_acr the windowed ACR the trigger uses (None: the step's). The
 # caller looks the name up and never special-cases one.
 
 Estimator = Callable[..., AdvantageResult]
@@ -533,22 +540,30 @@ def get_estimator(name: str) -> Estimator:
 
 
 @register_estimator("grpo")
-def _grpo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
+def _grpo(
+    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
+):
     return grpo_advantages(rewards, group_ids, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau)
 
 
 @register_estimator("dr_grpo")
-def _dr_grpo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
+def _dr_grpo(
+    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
+):
     return grpo_advantages(rewards, group_ids, scale_by_std=False, tau=cfg.tau)
 
 
 @register_estimator("rloo")
-def _rloo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
+def _rloo(
+    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
+):
     return rloo_advantages(rewards, group_ids, tau=cfg.tau)
 
 
 @register_estimator("avspo")
-def _avspo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
+def _avspo(
+    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
+):
     a = cfg.avspo
     return avspo_advantages(
         rewards,
@@ -564,11 +579,14 @@ def _avspo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, histo
         unbiased=cfg.unbiased_std,
         generator=generator,
         augment=a.augment,
+        trigger_acr=trigger_acr,
     )
 
 
 @register_estimator("avspo_release")
-def _avspo_release(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
+def _avspo_release(
+    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
+):
     # tau_adapt and the trigger play no part: the rule fires on single-label groups (or steps).
     return avspo_release_advantages(
         rewards,
@@ -592,19 +610,27 @@ class PromptHistory:
 
 
 @register_estimator("dcpo")
-def _dcpo(rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None):
+def _dcpo(
+    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
+):
     if history is None or history.keys is None:
         raise ValueError("the dcpo estimator needs each group's prompt key (its history)")
     # A prompt twice in one step: its second group sees the first one's update.
-    prior = [history.stats.get(k) for k in history.keys]
-    if len(set(history.keys)) == len(history.keys):
+    keys = history.keys
+    prior = [history.stats.get(k) for k in keys]
+    used = sum(
+        p is not None or k in keys[:i] for i, (k, p) in enumerate(zip(keys, prior, strict=True))
+    )
+    if len(set(keys)) == len(keys):
         result, updated = dcpo_advantages(
             rewards, group_ids, prior, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau
         )
-        for key, state in zip(history.keys, updated, strict=True):
+        for key, state in zip(keys, updated, strict=True):
             history.stats[key] = list(state)
-        return result
-    return _dcpo_sequential(rewards, group_ids, cfg, history)
+    else:
+        result = _dcpo_sequential(rewards, group_ids, cfg, history)
+    # groups whose advantage used history (the prompt's earlier visits, this step's included)
+    return dataclasses.replace(result, metrics={"dcpo/history_groups": float(used)})
 
 
 def _dcpo_sequential(rewards, group_ids, cfg, history) -> AdvantageResult:

@@ -25,10 +25,12 @@ It returns the batch and the step's ``acr/*``, ``avspo/*``, ``reward/*`` and
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 from torch import Tensor
 
-from diagnostics.acr import ACRMonitor, MonitorConfig
+from diagnostics.acr import ACRMonitor, MonitorConfig, collapse_stats
 from learner.advantage import AdvantageResult, PromptHistory, get_estimator
 from learner.batch import TrainBatch, build_batch
 from learner.config import AlgorithmConfig
@@ -67,17 +69,31 @@ class AdvantageStage:
         self.generator = torch.Generator().manual_seed(seed)  # `random` virtual rewards only
         self.monitor = ACRMonitor(monitor, tau=cfg.tau, r_lo=self.reward_range[0])
         self.history = PromptHistory()  # per-prompt estimator state (DCPO), checkpointed
+        # (collapsed groups, groups) of the last acr_window - 1 steps: the trigger's window
+        self.window: deque[tuple[int, int]] = deque(maxlen=cfg.trigger.acr_window - 1)
         self.pad_id, self.max_response_len = pad_id, max_response_len
         if cfg.overlong.shaping and max_response_len is None:
             raise ValueError("overlong shaping needs max_response_len")
 
     def __call__(
-        self, rewards: Tensor, group_ids: Tensor, prompt_keys: list[str] | None = None
+        self,
+        rewards: Tensor,
+        group_ids: Tensor,
+        prompt_keys: list[str] | None = None,
+        mean_reward: float | None = None,
     ) -> tuple[AdvantageResult, dict]:
         """Advantages of one step, and its ``avspo/*`` metrics; then the trigger updates.
-        ``prompt_keys``: each group's prompt (estimators with per-prompt state need them)."""
+        ``prompt_keys``: each group's prompt (estimators with per-prompt state need them);
+        ``mean_reward``: the trigger's J_t (default: the mean of ``rewards``)."""
         tau_adapt = self.trigger.tau_adapt
         self.history.keys = prompt_keys
+        trigger_acr, now = None, None
+        if self.window.maxlen:  # acr_window > 1: this step's collapsed groups join the window
+            collapsed = collapse_stats(rewards, group_ids, tau=self.cfg.tau).collapsed
+            now = (int(collapsed.sum()), collapsed.numel())
+            trigger_acr = sum(c for c, _ in (*self.window, now)) / sum(
+                n for _, n in (*self.window, now)
+            )
         result = self.estimator(
             rewards,
             group_ids,
@@ -86,17 +102,24 @@ class AdvantageStage:
             reward_range=self.reward_range,
             generator=self.generator,
             history=self.history,
+            trigger_acr=trigger_acr,
         )
-        self.trigger.observe(result.acr, float(rewards.double().mean()))
+        if now is not None:
+            self.window.append(now)
+        acr = result.acr if trigger_acr is None else trigger_acr
+        self.trigger.observe(
+            acr, float(rewards.double().mean()) if mean_reward is None else mean_reward
+        )
         n_aug = int(result.augmented.sum())
         metrics = {
             "avspo/triggered": float(result.triggered),
             "avspo/tau_adapt": tau_adapt,
+            "avspo/acr_trigger": acr,
             "avspo/k": float(result.k.sum()) / n_aug if n_aug else 0.0,
             "avspo/virtual_samples": float(result.num_virtual),
             "avspo/groups_augmented": float(n_aug),
         }
-        return result, metrics
+        return result, metrics | result.metrics
 
     def process(
         self,
@@ -168,6 +191,7 @@ class AdvantageStage:
             "generator": self.generator.get_state().tolist(),
             "monitor": self.monitor.state_dict(),
             "prompt_history": {k: list(v) for k, v in self.history.stats.items()},
+            "acr_window": [list(x) for x in self.window],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -176,3 +200,5 @@ class AdvantageStage:
         self.monitor.load_state_dict(state["monitor"])
         saved = state.get("prompt_history", {})  # absent in checkpoints before DCPO
         self.history.stats = {k: list(v) for k, v in saved.items()}
+        self.window.clear()
+        self.window.extend(tuple(x) for x in state.get("acr_window", []))

@@ -8,6 +8,9 @@ with tau_0 = 0.5, eta = 0.01, bounds [0.1, 0.9]. J_t is the step's mean real rew
 paper does not say how J is measured)*. There is no update after the first step (no J_{t-1},
 sign(0) = 0). Step t decides with tau_t (:attr:`tau_adapt`), then :meth:`observe` updates it.
 
+``acr_window`` W > 1 replaces ACR_t by the collapsed share of the groups of the last W steps
+(this one included) for the decision, K_t and the update (:class:`TriggerConfig`).
+
 Others: ``fixed`` (constant ``tau_adapt_0``; the paper's ablation at 0.3/0.5/0.7), ``always``
 (tau = 0: every step with a collapsed group), ``never`` (tau = 1: ACR_t > 1 is impossible, so
 plain GRPO; 1 rather than infinity keeps the logged value valid JSON).
@@ -39,6 +42,12 @@ class TriggerConfig:
     """Adaptive step size."""
     tau_min: float = field(default=0.1, metadata={"ge": 0.0, "le": 1.0})
     tau_max: float = field(default=0.9, metadata={"ge": 0.0, "le": 1.0})
+    acr_window: int = field(default=1, metadata={"ge": 1})
+    """ACR_t as the trigger sees it (its decision, K_t and the adaptive update): collapsed groups
+    / groups over the last ``acr_window`` steps, this one included (1 = this step's ACR). With
+    one prompt per step (the paper's setting) a one-step ACR is 0 or 1, so tau_adapt, eta and
+    alpha lose their meaning; a window of >= 32 groups restores it (the paper preset's choice).
+    The logged ``acr/*`` metrics are per step whatever this is."""
 
     def check(self) -> str | None:
         """Cross-field check (run by the config validator)."""

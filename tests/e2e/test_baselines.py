@@ -41,11 +41,33 @@ def test_dcpo_three_steps_keeps_per_prompt_history_in_the_checkpoint(tmp_path, t
             assert math.isfinite(r[key]), (step, key)
         # a collapsed group with a mixed history gets a signal: effective <= raw
         assert r["acr/effective"] <= r["acr/raw"]
+    # every group of steps 2-3 standardised against its prompt's earlier visits
+    assert [got[s]["dcpo/history_groups"] for s in (1, 2, 3)] == [0.0, 8.0, 8.0]
+    # ... and that history rescued a collapsed group somewhere (issue 24: it never ran before)
+    assert any(got[s]["acr/effective"] < got[s]["acr/raw"] for s in (2, 3)), got
     last = checkpoint.checkpoints(run_dir / "checkpoints")[-1]
     history = checkpoint.read_state(last)["advantage_stage"]["prompt_history"]
     # each of the 8 prompts visited once per step: visits 3, n = 3 x group size
     assert len(history) == 8
     assert {v[0] for v in history.values()} == {3}
+
+
+@pytest.mark.slow
+def test_release_rule_fires_on_collapsed_groups(tmp_path, tiny_model_dir):
+    """algorithm=avspo_release at 8 prompts per step: the rule is applied per group, so the
+    collapsed groups of a mixed step get their opposite-label sample (before issue 24 it tested
+    the whole step and never fired: acr/effective == acr/raw in every row)."""
+    run_dir = tmp_path / "release"
+    run_train(run_dir, *fast_tiny_overrides(tiny_model_dir), *SHORT, "algorithm=avspo_release")
+    got = rows(run_dir)
+    fired = [s for s in (1, 2, 3) if got[s]["avspo/groups_augmented"] > 0]
+    assert fired, got
+    for s in fired:
+        r = got[s]
+        assert r["acr/effective"] < r["acr/raw"]
+        # one virtual sample per augmented group; augmented = the single-label collapsed ones
+        assert r["avspo/virtual_samples"] == r["avspo/groups_augmented"]
+        assert r["avspo/groups_augmented"] <= round(r["acr/raw"] * 8)
 
 
 @pytest.mark.slow

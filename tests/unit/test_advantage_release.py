@@ -65,7 +65,8 @@ def test_float32_rewards_and_unequal_group_sizes():
 
 
 def test_mixed_step_is_plain_grpo_with_eps_1e4_per_step():
-    # scope="step": group 0 all correct but the step holds 0s too -> collapsed, exactly 0. Group 1 = (1, 0, 0, 0): mean 0.25,
+    # scope="step": group 0 is all correct but the step holds 0s too -> collapsed, exactly 0.
+    # Group 1 = (1, 0, 0, 0): mean 0.25,
     # unbiased std sqrt(0.75 / 3) = 0.5 -> A = 0.75 / 0.5001 = 1.499700, -0.25 / 0.5001 = -0.499900.
     res = avspo_release_advantages(t([1.0] * 4 + [1.0, 0.0, 0.0, 0.0]), G4, scope="step")
     assert res.advantages[:4].tolist() == [0.0] * 4

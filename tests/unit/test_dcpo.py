@@ -124,3 +124,41 @@ def test_a_prompt_twice_in_one_step_sees_its_first_group():
     got = [round(a, 6) for a in batch.advantages.tolist()]
     assert got[:4] == [1.5, -0.5, -0.5, -0.5] and got[4:] == [0.362284] * 4
     assert stage.history.stats["x"][:2] == [2, 8]
+
+
+def test_the_preset_weights_tokens_as_dcpos_only_token_mean():
+    """DCPO's loss is (1/G) sum_i sum_t l_t: no division by each response's length. Two
+    responses at ratio 1 (logp = old, so d pg_t / d logp_t = -A_i): 2 tokens with A = 1 and 8
+    tokens with A = 2. DCPO's per-token weight is A_i / G: the long one's tokens weigh 2 / 1 = 2x
+    the short one's. Per-response length normalisation (seq-mean-token-mean) gives
+    (2 / 8) / (1 / 2) = 0.5x instead."""
+    from tests.unit.test_config import load
+
+    loss = load("algorithm=dcpo").algorithm.loss
+    assert loss.aggregation == "seq-mean-token-sum-norm"
+    mask = torch.zeros(2, 8)
+    mask[0, :2] = 1.0
+    mask[1, :] = 1.0
+    logp = torch.full((2, 8), -1.0, requires_grad=True)
+    out = policy_loss(
+        logp, torch.full((2, 8), -1.0), torch.tensor([1.0, 2.0]), mask,
+        clip_mode=loss.clip_mode, clip_low=loss.clip_low, clip_high=loss.clip_high,
+        aggregation=loss.aggregation, norm_len=8,
+    )  # fmt: skip
+    out.loss.backward()
+    short, long = -logp.grad[0, 0].item(), -logp.grad[1, 0].item()
+    assert abs(long / short - 2.0) < 1e-6
+    # equal to DCPO's formula up to the constant norm_len: (1/G) * A_i with G = 2 sequences
+    assert abs(short - 1.0 / (2 * 8)) < 1e-9 and abs(long - 2.0 / (2 * 8)) < 1e-9
+
+
+def test_history_groups_counts_groups_whose_prompt_was_seen_before():
+    stage = AdvantageStage(DCPO, reward_range=(0.0, 1.0), seed=0)
+    step1 = (_groups([[1] * 4, [1] * 4]), [V(1), V(0), V(0), V(0)] + [V(0)] * 4)
+    _, m = stage.process(*step1, prompt_keys=["x", "y"])
+    assert m["dcpo/history_groups"] == 0.0  # first visits: GRPO
+    _, m = stage.process(*step1, prompt_keys=["x", "z"])
+    assert m["dcpo/history_groups"] == 1.0  # x again, z new
+    # y collapsed (all 0) at both visits: history gives it nothing, so it stays wasted
+    _, m = stage.process(*step1, prompt_keys=["z", "y"])
+    assert m["dcpo/history_groups"] == 2.0

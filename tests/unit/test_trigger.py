@@ -103,3 +103,76 @@ def test_grpo_preset_never_augments():
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
     res, m = stage(torch.ones(8), torch.tensor([0] * 4 + [1] * 4))
     assert m["avspo/triggered"] == 0.0 and res.advantages.abs().sum() == 0
+
+
+# ---- algorithm.trigger.acr_window (issue 24): ACR over the groups of the last W steps ---------
+
+ONE_GROUP = torch.zeros(8, dtype=torch.long)
+COLLAPSED, MIXED = torch.ones(8), torch.tensor([1.0, 0.0] * 4)
+
+
+def _window_stage(window: int, policy: str = "fixed") -> AdvantageStage:
+    cfg = AlgorithmConfig(trigger=TriggerConfig(policy=policy, tau_adapt_0=0.5, acr_window=window))
+    return AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
+
+
+def test_window_of_one_is_the_step_acr():
+    # One prompt per step: the step's ACR is 1 whenever its group collapses, so K = G = 8.
+    stage = _window_stage(1)
+    for rewards in (COLLAPSED, MIXED, COLLAPSED):
+        _, m = stage(rewards, ONE_GROUP)
+    assert m["avspo/acr_trigger"] == 1.0 and m["avspo/k"] == 8.0
+
+
+def test_window_acr_sets_the_trigger_and_k():
+    stage = _window_stage(3)
+    _, m = stage(COLLAPSED, ONE_GROUP)  # window 1/1 = 1 > 0.5: K = ceil(8 * 1) = 8
+    assert (m["avspo/acr_trigger"], m["avspo/triggered"], m["avspo/k"]) == (1.0, 1.0, 8.0)
+    _, m = stage(MIXED, ONE_GROUP)  # window 1/2 = 0.5, not > 0.5
+    assert (m["avspo/acr_trigger"], m["avspo/triggered"]) == (0.5, 0.0)
+    res, m = stage(COLLAPSED, ONE_GROUP)  # window 2/3 > 0.5: K = ceil(8 * sqrt(2/3)) = ceil(6.53)
+    assert m["avspo/acr_trigger"] == pytest.approx(2 / 3) and m["avspo/k"] == 7.0
+    assert res.acr == 1.0  # the step's own ACR is still reported as ACR_t
+    _, m = stage(COLLAPSED, ONE_GROUP)  # steps 2-4: 2/3 again (step 1 left the window)
+    assert m["avspo/acr_trigger"] == pytest.approx(2 / 3) and m["avspo/k"] == 7.0
+    _, m = stage(MIXED, ONE_GROUP)  # steps 3-5: 2/3 but nothing to augment
+    assert m["avspo/triggered"] == 1.0 and m["avspo/groups_augmented"] == 0.0
+
+
+def test_window_counts_groups_not_steps():
+    # Steps of 2 and 1 groups: (1 collapsed of 2) then (1 of 1) -> window 2/3, not mean(0.5, 1).
+    stage = _window_stage(2)
+    stage(torch.tensor([1.0] * 4 + [1.0, 0.0, 1.0, 0.0]), torch.tensor([0] * 4 + [1] * 4))
+    _, m = stage(torch.ones(4), torch.zeros(4, dtype=torch.long))
+    assert m["avspo/acr_trigger"] == pytest.approx(2 / 3)
+
+
+def test_adaptive_update_uses_the_window_acr():
+    # eta 0.5. Step 1 (mixed, J = 0.5): no update. Step 2 (collapsed, J = 1 rose): with W = 2
+    # the ACR is (0 + 1) / 2 = 0.5 -> tau = 0.5 + 0.5 * (0.5 - 0.5) = 0.5; with W = 1 it is 1
+    # -> 0.5 + 0.5 * (1 - 0.5) = 0.75.
+    cfg = lambda w: AlgorithmConfig(  # noqa: E731
+        trigger=TriggerConfig(policy="adaptive", tau_adapt_0=0.5, eta=0.5, acr_window=w)
+    )
+    for window, want in ((2, 0.5), (1, 0.75)):
+        stage = AdvantageStage(cfg(window), reward_range=(0.0, 1.0), seed=0)
+        stage(MIXED, ONE_GROUP)
+        stage(COLLAPSED, ONE_GROUP)
+        assert stage.trigger.tau_adapt == pytest.approx(want), window
+
+
+def test_window_is_in_the_checkpoint_state():
+    a = _window_stage(3)
+    a(COLLAPSED, ONE_GROUP)
+    a(MIXED, ONE_GROUP)
+    b = _window_stage(3)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert a(COLLAPSED, ONE_GROUP)[1] == b(COLLAPSED, ONE_GROUP)[1]
+
+
+def test_paper_preset_windows_at_least_32_groups():
+    from tests.unit.test_config import load
+
+    cfg = load("experiment=paper_qwen2.5_math_1.5b")
+    groups = cfg.algorithm.trigger.acr_window * cfg.trainer.prompts_per_step
+    assert cfg.trainer.prompts_per_step == 1 and groups >= 32
