@@ -27,6 +27,13 @@ interval (every ``logging_steps`` = 10 steps by default), with an ``eval_`` pref
   (``trl/rewards/accuracy_rewards.py``; a reward function logs under its function name) over
   the eval completions, i.e. pass@1.
 
+**The authors' AVSPO fork** (hexixiang/ACR, ``trl_scope/trainer/grpo_trainer.py``) is a TRL
+``GRPOTrainer`` whose ``frac_reward_zero_std`` is computed from the std *after* its virtual
+sample joined each group, i.e. an effective rate: a log that holds the fork's own
+``metrics/collapse_rate/general_batch`` (raw: groups with zero reward std / groups) is read as
+the fork's, with ``general_batch`` -> ``acr/raw``, ``ones_batch`` -> ``acr/high``,
+``zeros_batch`` -> ``acr/low`` and ``frac_reward_zero_std`` -> ``acr/effective``.
+
 An entry's training figures average the steps since the previous entry that logs
 ``frac_reward_zero_std`` (10 for ``logging_steps=10``); that count is stored as
 ``log/steps_averaged``, and the report weights each entry by it in ACR100 and the run means.
@@ -86,6 +93,16 @@ from diagnostics.runs import Run
 
 TRL_STATE = "trainer_state.json"
 TRL_KEYS = {"frac_reward_zero_std": "acr/raw", "reward": "reward/mean"}
+# The authors' AVSPO fork of TRL (hexixiang/ACR): frac_reward_zero_std is taken after its virtual
+# sample joined the statistics (an effective rate); its raw rate and strata have their own keys.
+FORK_RAW = "metrics/collapse_rate/general_batch"
+FORK_KEYS = {
+    "frac_reward_zero_std": "acr/effective",
+    FORK_RAW: "acr/raw",
+    "metrics/collapse_rate/zeros_batch": "acr/low",
+    "metrics/collapse_rate/ones_batch": "acr/high",
+    "reward": "reward/mean",
+}
 TRL_ACCURACY = (
     "eval_rewards/accuracy_reward/mean",
     "eval_rewards/reasoning_accuracy_reward/mean",
@@ -237,7 +254,8 @@ def read_trl(path: Path) -> ExternalRun:
         raise RunDataError(f"{file}: expected a JSON object with a 'log_history' list (TRL)")
     has = {k for e in history if isinstance(e, dict) for k in e}
     acc_key = next((k for k in TRL_ACCURACY if k in has), None)
-    keys = {**TRL_KEYS, **({acc_key: "eval/accuracy"} if acc_key else {})}
+    fork = FORK_RAW in has
+    keys = {**(FORK_KEYS if fork else TRL_KEYS), **({acc_key: "eval/accuracy"} if acc_key else {})}
     rows: dict[int, dict[str, float]] = {}
     for i, entry in enumerate(history):
         where = f"{file}: log_history[{i}]"
@@ -260,6 +278,12 @@ def read_trl(path: Path) -> ExternalRun:
         "acr": "acr/raw = frac_reward_zero_std, each entry the mean over the steps since the "
         "previous log; no all-correct / all-incorrect split",
     }
+    if fork:
+        notes["acr"] = (
+            f"the AVSPO fork: acr/raw = {FORK_RAW} (high/low: ones_batch/zeros_batch), "
+            "acr/effective = frac_reward_zero_std (after its virtual sample), each entry the "
+            "mean over the steps since the previous log"
+        )
     if acc_key:
         notes["accuracy"] = f"eval/accuracy = {acc_key}"
     else:

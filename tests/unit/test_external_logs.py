@@ -111,6 +111,30 @@ def test_trl_series_acr100_and_accuracy(tmp_path):
     assert s["total_steps"] == 6 and s["last_step"] == 6
 
 
+def test_the_authors_fork_logs_effective_collapse_as_frac_reward_zero_std(tmp_path):
+    """The AVSPO fork (hexixiang/ACR, trl_scope/trainer/grpo_trainer.py) computes
+    frac_reward_zero_std from the std *after* its virtual sample joins, so it is the effective
+    rate; its raw collapse is metrics/collapse_rate/general_batch, split into zeros_batch (all
+    incorrect) and ones_batch (all correct). A log with those keys is the fork's run."""
+    history = [
+        {"frac_reward_zero_std": 0.0, "metrics/collapse_rate/general_batch": 1.0,
+         "metrics/collapse_rate/zeros_batch": 1.0, "metrics/collapse_rate/ones_batch": 0.0,
+         "metrics/collapse_rate/general_cumulative": 1.0, "reward": 0.0, "step": 1},
+        {"frac_reward_zero_std": 0.0, "metrics/collapse_rate/general_batch": 0.0,
+         "metrics/collapse_rate/zeros_batch": 0.0, "metrics/collapse_rate/ones_batch": 0.0,
+         "reward": 0.5, "step": 2},
+    ]  # fmt: skip
+    run = load_run(write_trl(tmp_path / "fork", history))
+    assert run.series("acr/raw") == ([1, 2], [1.0, 0.0])
+    assert run.series("acr/effective") == ([1, 2], [0.0, 0.0])
+    assert run.series("acr/low") == ([1, 2], [1.0, 0.0])
+    assert run.series("acr/high") == ([1, 2], [0.0, 0.0])
+    assert "effective" in run.notes["acr"]
+    # plain TRL (no fork keys) keeps frac_reward_zero_std -> acr/raw, no effective rate
+    plain = load_run(write_trl(tmp_path / "trl"))
+    assert plain.series("acr/raw")[1][0] == 0.5 and not plain.series("acr/effective")[0]
+
+
 def test_trl_entry_straddling_step_100_counts_for_its_steps_up_to_100(tmp_path):
     # logging_steps=30: entries at 30, 60, 90, 120. ACR100 = (30 * 0.2 + 30 * 0.4 + 30 * 0.6
     # + 10 * 0.8) / 100 = (6 + 12 + 18 + 8) / 100 = 0.44, over all 100 steps.
