@@ -141,11 +141,21 @@ class ACRMonitor:
     vectorised over groups; only the per-prompt history (string keys) is a dictionary update.
     """
 
-    def __init__(self, cfg: MonitorConfig | None = None, *, tau: float = 1e-6, r_lo: float = 0.0):
+    def __init__(
+        self,
+        cfg: MonitorConfig | None = None,
+        *,
+        tau: float = 1e-6,
+        r_lo: float = 0.0,
+        strata: bool = True,
+    ):
         """``tau``: collapse threshold on a group's population reward std (``algorithm.tau``);
-        ``r_lo``: the task's lowest reward (a collapsed group at it is the *low* stratum)."""
+        ``r_lo``: the task's lowest reward (a collapsed group at it is the *low* stratum);
+        ``strata``: whether all-correct / all-incorrect mean anything for the reward (not for
+        intrinsic rewards such as INTUITOR's and RENT's: ``acr/high``, ``acr/low`` and the
+        always/never-solved prompt counts are then left out)."""
         self.cfg = cfg or MonitorConfig()
-        self.tau, self.r_lo = tau, r_lo
+        self.tau, self.r_lo, self.strata = tau, r_lo, strata
         self.steps = 0
         self.ema: float | None = None
         self.recent: deque[float] = deque(maxlen=max(self.cfg.window, self.cfg.volatility_window))
@@ -196,10 +206,10 @@ class ACRMonitor:
         metrics = {
             "acr/raw": acr,
             "frac_reward_zero_std": acr,  # TRL's name for the same quantity
-            "acr/high": stats.acr_high,
-            "acr/low": stats.acr_low,
             "acr/batch_collapsed": float(stats.batch_collapsed),
         }
+        if self.strata:
+            metrics |= {"acr/high": stats.acr_high, "acr/low": stats.acr_low}
 
         # What the update actually wasted, after the advantage stage.
         zero_adv = advantages.abs() < ZERO_ADVANTAGE  # [N]
@@ -267,6 +277,8 @@ class ACRMonitor:
     def prompt_summary(self) -> dict[str, int]:
         """Prompts seen, always solved (every visit all-correct), never solved (all-incorrect)."""
         recs = self.prompt_history.values()
+        if not self.strata:
+            return {"prompts_seen": len(self.prompt_history)}
         return {
             "prompts_seen": len(self.prompt_history),
             "always_solved": sum(1 for n, h, _ in recs if h == n),

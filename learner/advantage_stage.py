@@ -14,7 +14,9 @@ takes the step's groups and verdicts and
    masks truncated responses out of the loss).
 
 It returns the batch and the step's ``acr/*``, ``avspo/*``, ``reward/*`` and
-``response_length/*`` metrics; ``acr/trained`` is the collapse rate of the trained groups.
+``response_length/*`` metrics. ``reward/mean`` and ``response_length/mean`` cover every generated
+sample (comparable across methods; the trigger's J_t is ``reward/mean``); their ``*_trained``
+variants and ``acr/trained`` cover the trained groups (DAPO's selection; the same otherwise).
 
 >>> from learner.config import AlgorithmConfig
 >>> stage = AdvantageStage(AlgorithmConfig(), reward_range=(0.0, 1.0), seed=0)
@@ -67,7 +69,9 @@ class AdvantageStage:
         self.estimator = get_estimator(cfg.estimator)
         self.trigger = make_trigger(cfg.trigger)
         self.generator = torch.Generator().manual_seed(seed)  # `random` virtual rewards only
-        self.monitor = ACRMonitor(monitor, tau=cfg.tau, r_lo=self.reward_range[0])
+        self.monitor = ACRMonitor(
+            monitor, tau=cfg.tau, r_lo=self.reward_range[0], strata=not cfg.reward.intrinsic
+        )
         self.history = PromptHistory()  # per-prompt estimator state (DCPO), checkpointed
         # (collapsed groups, groups) of the last acr_window - 1 steps: the trigger's window
         self.window: deque[tuple[int, int]] = deque(maxlen=cfg.trigger.acr_window - 1)
@@ -157,7 +161,8 @@ class AdvantageStage:
             if prompt_keys is None
             else [k for k, t in zip(prompt_keys, keep.tolist(), strict=True) if t]
         )
-        result, metrics = self(rewards[rows], train_ids, keys)
+        mean_reward = float(rewards.double().mean())  # J_t: over everything generated
+        result, metrics = self(rewards[rows], train_ids, keys, mean_reward=mean_reward)
         advantages = torch.zeros_like(rewards)  # groups left out of training: no gradient
         advantages[rows] = result.advantages.to(rewards.dtype)
         metrics |= self.monitor.update(
@@ -171,8 +176,10 @@ class AdvantageStage:
         )
         metrics |= {
             "acr/trained": result.acr,
-            "reward/mean": float(rewards[rows].double().mean()),
-            "response_length/mean": float(lengths[rows].double().mean()),
+            "reward/mean": mean_reward,
+            "reward/mean_trained": float(rewards[rows].double().mean()),
+            "response_length/mean": float(lengths.double().mean()),
+            "response_length/mean_trained": float(lengths[rows].double().mean()),
             "response_length/clip_ratio": float(truncated.double().mean()),
         }
         batch = build_batch(

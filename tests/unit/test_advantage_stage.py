@@ -57,7 +57,7 @@ def test_dynamic_sampling_acr_raw_is_over_everything_generated():
     assert len(batch) == 4  # g0 and g2's samples only
     # GRPO on (1, 0): mean 0.5, unbiased std 0.7071 -> +-0.7071 (eps 1e-6)
     assert batch.advantages.tolist() == pytest.approx([0.7071, -0.7071, -0.7071, 0.7071], 1e-4)
-    assert m["reward/mean"] == 0.5  # of the trained samples
+    assert m["reward/mean"] == m["reward/mean_trained"] == 0.5  # generated 4/8, trained 2/4
     assert stage.monitor.prompt_summary()["prompts_seen"] == 0  # no keys given
 
 
@@ -111,3 +111,44 @@ def test_state_round_trip_includes_the_monitor():
     _, ma = a.process(_groups([[1, 1]]), [V(0.0), V(0.0)])
     _, mb = b.process(_groups([[1, 1]]), [V(0.0), V(0.0)])
     assert all(ma[k] == mb[k] or (math.isnan(ma[k]) and math.isnan(mb[k])) for k in ma)
+
+
+def test_dynamic_sampling_reward_and_length_are_over_everything_generated():
+    # g0 (1, 0) len 2/2 trained; g1 (1, 1) len 4/4 dropped; g2 (0, 0) len 6/6 dropped.
+    # Generated: reward 3/6 = 0.5, length (2+2+4+4+6+6)/6 = 4. Trained: reward 0.5, length 2.
+    groups = _groups([[2, 2], [4, 4], [6, 6]])
+    verdicts = [V(1.0), V(0.0), V(1.0), V(1.0), V(0.0), V(0.0)]
+    cfg = AlgorithmConfig(trigger=TriggerConfig(policy="adaptive", eta=0.5))
+    stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
+    _, m = stage.process(groups, verdicts, trained=[True, False, False])
+    assert (m["reward/mean"], m["reward/mean_trained"]) == (0.5, 0.5)
+    assert (m["response_length/mean"], m["response_length/mean_trained"]) == (4.0, 2.0)
+    # step 2 trains g1' = (1, 0) only while every generated reward is 1/6 -> J fell from
+    # 0.5 to 1/6 (generated), though the trained mean stays 0.5: tau moves by
+    # -0.5 * (0 - 0.5) = +0.25 (trained ACR 0 - tau 0.5), to 0.75.
+    verdicts = [V(1.0), V(0.0), V(0.0), V(0.0), V(0.0), V(0.0)]
+    _, m = stage.process(groups, verdicts, trained=[True, False, False])
+    assert m["reward/mean"] == pytest.approx(1 / 6) and m["reward/mean_trained"] == 0.5
+    assert stage.trigger.tau_adapt == pytest.approx(0.75)
+
+
+def test_intrinsic_rewards_have_no_correct_incorrect_strata():
+    # RENT's reward is -entropy: "all correct" / "all incorrect" mean nothing for it, so the
+    # strata (defined against the task's r_lo) are not logged; the collapse rate still is.
+    from reward.intrinsic import IntrinsicRewardConfig
+
+    cfg = AlgorithmConfig(
+        name="rent", estimator="grpo", tau=1e-3, trigger=TriggerConfig(policy="never"),
+        reward=IntrinsicRewardConfig(verifier=0.0, neg_entropy=1.0),
+    )  # fmt: skip
+    stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
+    verdicts = [V(-0.5), V(-0.5), V(-0.2), V(-0.9)]  # g0 collapsed at -0.5, below r_lo = 0
+    _, m = stage.process(_groups([[1, 1], [1, 1]]), verdicts, prompt_keys=["a", "b"])
+    assert m["acr/raw"] == 0.5
+    assert "acr/high" not in m and "acr/low" not in m
+    assert "always_solved" not in stage.monitor.prompt_summary()
+    # the verifier's own reward keeps them
+    _, m = AdvantageStage(GRPO, reward_range=(0.0, 1.0), seed=0).process(
+        _groups([[1, 1], [1, 1]]), [V(0.0), V(0.0), V(1.0), V(0.0)]
+    )
+    assert (m["acr/high"], m["acr/low"]) == (0.0, 0.5)
