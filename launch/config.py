@@ -64,6 +64,10 @@ class TrainerConfig:
     """Held-out evaluation every this many steps (and at step 0 and the last step); 0 = never."""
     eval_pass_k: int = field(default=8, metadata={"ge": 0})
     """Evaluation also samples this many answers per problem for ``eval/pass@k`` (0 = off)."""
+    eval_samples: int | None = field(default=None, metadata={"ge": 1})
+    """Samples per problem at ``eval_temperature`` (n >= ``eval_pass_k``): ``eval/pass@k`` is
+    Chen et al.'s unbiased estimate from n samples and ``eval/mean@n`` their mean solve rate;
+    null = ``eval_pass_k``."""
     eval_temperature: float = field(default=1.0, metadata={"gt": 0.0})
     """Temperature of the pass@k samples (pass@1 ``eval/accuracy`` is greedy)."""
     eval_max_new_tokens: int | None = field(default=None, metadata={"ge": 1})
@@ -126,6 +130,14 @@ class TrainerConfig:
     @property
     def async_mode(self) -> str:
         return getattr(self, "async")
+
+    def check(self) -> str | None:
+        if self.eval_samples is not None and self.eval_samples < self.eval_pass_k:
+            return (
+                f"eval_samples: {self.eval_samples} samples cannot give pass@{self.eval_pass_k} "
+                "(needs eval_samples >= eval_pass_k)"
+            )
+        return None
 
 
 @dataclass
@@ -279,6 +291,11 @@ def _async_problem(cfg: TrainConfig) -> str | None:
         return (
             "trainer.async: one_step trains on samples one policy version old; set "
             "learner.old_logprobs=recompute (truncated importance weights, learner.tis_cap)"
+        )
+    if cfg.learner.tis_cap is None:
+        return (
+            "learner.tis_cap: null leaves trainer.async=one_step without the importance "
+            "correction its one-version-old samples need; set a cap (2.0 as the authors' code)"
         )
     if cfg.algorithm.dynamic_sampling.enabled:
         return "trainer.async: one_step does not support algorithm.dynamic_sampling (yet)"

@@ -1,6 +1,7 @@
-"""Held-out evaluation: pass@1 (greedy) and pass@k (k samples at a temperature) on a task's test
-split. The driver loop calls :func:`evaluate` at step 0, every ``trainer.eval_every`` steps and
-at the end; ``python -m launch.evaluate`` runs it on a model or a checkpoint.
+"""Held-out evaluation: pass@1 (greedy) and pass@k (from n >= k samples at a temperature) on a
+task's test split; a problem counts as solved when its score reaches the task's r_hi. The driver
+loop calls :func:`evaluate` at step 0, every ``trainer.eval_every`` steps and at the end;
+``python -m launch.evaluate`` runs it on a model or a checkpoint.
 
 pass@k uses the unbiased estimator of Chen et al. (2021) per problem, averaged:
 pass@k = 1 - C(n - c, k) / C(n, k) for n samples of which c are correct; with n = k it is the
@@ -42,20 +43,28 @@ def evaluate(
     sampling: SamplingConfig,
     *,
     k: int = 0,
+    n: int | None = None,
     temperature: float = 1.0,
     seed: int = 0,
+    solved_at: float = 1.0,
 ) -> dict[str, float]:
     """``eval/accuracy`` (greedy pass@1) and, when k > 0, ``eval/pass@{k}`` and
-    ``eval/mean@{k}`` (mean accuracy of the k samples at ``temperature``)."""
+    ``eval/mean@{n}`` from ``n`` samples per problem at ``temperature`` (n = k unless given;
+    n >= k): the unbiased pass@k estimate and the samples' mean solve rate. One definition of
+    *solved* for all three: a score >= ``solved_at`` (the task's highest reward, r_hi), so a
+    partial credit counts as unsolved everywhere."""
     prompts = [p.prompt for p in problems]
     greedy = dataclasses.replace(sampling, n=1, temperature=0.0, seed=seed)
-    verdicts = verify(generate(prompts, greedy), problems)
-    out = {"eval/accuracy": sum(v.score for v in verdicts) / len(verdicts)}
+    solved = [v.score >= solved_at for v in verify(generate(prompts, greedy), problems)]
+    out = {"eval/accuracy": sum(solved) / len(solved)}
     if k > 0:
-        params = dataclasses.replace(sampling, n=k, temperature=temperature, seed=seed)
+        n = n or k
+        if n < k:
+            raise ValueError(f"pass@{k} needs at least k samples per problem, got n={n}")
+        params = dataclasses.replace(sampling, n=n, temperature=temperature, seed=seed)
         verdicts = verify(generate(prompts, params), problems)
-        scores = [v.score >= 1.0 for v in verdicts]  # [P * k], problem-major
-        correct = [sum(scores[i * k : (i + 1) * k]) for i in range(len(problems))]
-        out[f"eval/pass@{k}"] = sum(pass_at_k(k, c, k) for c in correct) / len(correct)
-        out[f"eval/mean@{k}"] = sum(v.score for v in verdicts) / len(verdicts)
+        solved = [v.score >= solved_at for v in verdicts]  # [P * n], problem-major
+        correct = [sum(solved[i * n : (i + 1) * n]) for i in range(len(problems))]
+        out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
+        out[f"eval/mean@{n}"] = sum(solved) / len(solved)
     return out

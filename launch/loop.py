@@ -275,8 +275,10 @@ class Trainer:
                 task.test,
                 sampling,
                 k=t.eval_pass_k,
+                n=t.eval_samples,
                 temperature=t.eval_temperature,
                 seed=derive_seed(t.seed, "eval", step),
+                solved_at=task.reward_range[1],
             )
             for name, (task, task_cfg) in self.eval_sets.items()
         }

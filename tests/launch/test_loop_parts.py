@@ -234,3 +234,42 @@ def test_a_prompt_plus_its_response_budget_over_max_model_len_is_named():
         "rollout.max_model_len: 64 < the longest test prompt of trainer.eval_tasks.x (3 tokens) "
         "+ 62 new tokens; raise it (or shorten the responses)"
     )
+
+
+def test_evaluate_counts_solved_at_r_hi_for_accuracy_and_pass_at_k():
+    # One definition of "solved" (issue 24): a score >= the task's r_hi. A partial credit of
+    # 0.5 is not solved by either metric (before, eval/accuracy averaged it as 0.5 while
+    # pass@k counted it as unsolved).
+    problems = _problems(2)
+
+    def verify(groups, probs):  # p0 always 0.5, p1 always 1.0
+        return [
+            Verdict(0.5 if p.uid == "u0" else 1.0, "ok")
+            for g, p in zip(groups, probs, strict=True)
+            for _ in g.samples
+        ]
+
+    stages = FakeStages({0: ALL_RIGHT, 1: ALL_RIGHT})
+    cfg = TrainConfig()
+    out = evaluate(stages.generate, verify, problems, cfg.rollout.sampling, k=2, solved_at=1.0)
+    assert out["eval/accuracy"] == 0.5 and out["eval/pass@2"] == 0.5 and out["eval/mean@2"] == 0.5
+
+
+def test_pass_at_k_from_more_samples_than_k():
+    # trainer.eval_samples n = 4 > k = 2: Chen et al.'s unbiased estimator per problem.
+    # p0: 1 right of 4 -> 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5; p1: 0 of 4 -> 0. Mean 0.25.
+    # mean@4 = 1 right of 8 samples = 0.125.
+    stages = FakeStages({0: [False, False, True, False], 1: [False] * 4})
+    cfg = TrainConfig()
+    out = evaluate(stages.generate, stages.verify, _problems(2), cfg.rollout.sampling, k=2, n=4)
+    assert out["eval/pass@2"] == 0.25 and out["eval/mean@4"] == 0.125
+    assert stages.calls[1][1].n == 4
+
+
+def test_eval_samples_below_k_is_a_config_error():
+    from launch.config import ConfigError, validate
+
+    cfg = TrainConfig()
+    cfg.trainer.eval_pass_k, cfg.trainer.eval_samples = 8, 4
+    with pytest.raises(ConfigError, match="trainer.eval_samples"):
+        validate(cfg)

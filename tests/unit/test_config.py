@@ -427,5 +427,12 @@ def test_one_step_async_needs_split_devices_and_the_importance_correction():
         load("trainer.async=one_step", "cluster.colocate=false")
     with pytest.raises(ConfigError, match=r"trainer.async: 'two_step' is not one of"):
         load("trainer.async=two_step")
+    with pytest.raises(ConfigError, match=r"learner.tis_cap: null leaves trainer.async"):
+        load(
+            "trainer.async=one_step",
+            "cluster.colocate=false",
+            "learner.old_logprobs=recompute",
+            "learner.tis_cap=null",
+        )
     split = load("cluster=gpu_node_split")
     assert split.trainer.async_mode == "one_step"
