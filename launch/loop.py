@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from diagnostics.acr import collapse_stats
 from diagnostics.sinks import (
     ConsoleSink,
     JsonlSink,
@@ -47,7 +46,7 @@ from launch.prompts import render
 from launch.sampler import PromptSampler as PromptSampler  # re-exported (older imports)
 from launch.sampler import make_sampler, mixed_token_share
 from learner import checkpoint
-from learner.advantage_stage import AdvantageStage
+from learner.advantage_stage import AdvantageStage, informative_groups
 from learner.batch import build_batch
 from reward.actor import VerifierActor
 from reward.intrinsic import mix_rewards
@@ -317,10 +316,8 @@ class Trainer:
             problems, groups, verdicts = problems + batch, groups + new, verdicts + scored
             if not dyn.enabled:
                 break
-            ids = torch.arange(len(new)).repeat_interleave(self.cfg.rollout.n_samples)
-            rewards = torch.tensor([v.score for v in scored])
-            collapsed = collapse_stats(rewards, ids, tau=self.cfg.algorithm.tau).collapsed
-            informative += [not c for c in collapsed.tolist()]
+            scores = [v.score for v in scored]
+            informative += informative_groups(new, scores, tau=self.cfg.algorithm.tau)
             if sum(informative) >= want:
                 break
         trained = [True] * len(groups)

@@ -28,7 +28,8 @@ eps). Virtual values for k = 1..K (r_lo, r_hi = the task's reward range):
   else v_k = r_lo + r_anchor * (r_hi - r_lo) * (K-k+1)/K.
 - ``fixed``: v_k = (r_lo + r_hi) / 2.
 - ``random``: v_k ~ Uniform(r_lo, r_hi) from the given generator (torch's global one if None).
-- ``opposite`` (the authors' released code): K = 1, v = r_hi for a low group, r_lo for a high one.
+- ``opposite`` (the authors' released code): K = 1 (or a fixed ``k``), v = r_hi for a low group,
+  r_lo for a high one.
 
 Departures from the paper, all ours: eps = 1e-6 (TRL uses 1e-4); the ``stratified`` formula is
 written relative to r_lo and the range so that it equals the paper's exactly for rewards in
@@ -166,7 +167,7 @@ def virtual_counts(
     >>> virtual_counts(torch.tensor([8, 8, 3]), 0.5, alpha=0.5, k=None, strategy="stratified")
     tensor([6, 6, 3])
     """
-    if strategy == "opposite":
+    if strategy == "opposite" and k is None:  # the authors' code: one sample
         return torch.ones_like(size)
     if k is not None:
         want = torch.full_like(size, int(k))

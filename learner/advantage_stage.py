@@ -51,6 +51,22 @@ def overlong_penalty(lengths: Tensor, *, max_len: int, buffer_len: int, factor: 
     return 0.0 - factor * over / buffer_len  # 0.0 - 0.0 = +0.0 (no -0.0 in the metrics)
 
 
+def informative_groups(groups: list[Group], scores: list[float], *, tau: float) -> list[bool]:
+    """DAPO's dynamic-sampling test: which groups are *not* collapsed (their rewards' population
+    std >= ``tau`` and G > 1). ``scores``: every sample's reward, group order; groups may differ
+    in size (failed samples).
+
+    >>> from rollout.types import Sample
+    >>> s = Sample([5], [0.0], "", "stop", 0)
+    >>> informative_groups([Group("a", [1], [s, s]), Group("b", [1], [s])], [1, 0, 1], tau=1e-6)
+    [True, False]
+    """
+    sizes = torch.tensor([len(g.samples) for g in groups])
+    ids = torch.arange(len(groups)).repeat_interleave(sizes)  # [N]
+    rewards = torch.tensor(scores, dtype=torch.float64)
+    return [not c for c in collapse_stats(rewards, ids, tau=tau).collapsed.tolist()]
+
+
 class AdvantageStage:
     def __init__(
         self,

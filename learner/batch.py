@@ -60,6 +60,12 @@ class TrainBatch:
         """Response tokens (what token-mean aggregation divides by)."""
         return int(self.response_mask.sum())
 
+    @property
+    def num_seqs(self) -> int:
+        """Rows with at least one response token in the loss (what seq-mean aggregations
+        divide by: a fully masked row is not a sequence of the mean)."""
+        return int((self.response_mask.sum(-1) > 0).sum())
+
     def to(self, device) -> TrainBatch:
         """The same batch with every tensor on ``device``."""
         moved = {

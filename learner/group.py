@@ -115,7 +115,7 @@ class LearnerGroup:
             for r in range(k):
                 per_rank[r].append(shards[r])
                 plans[r].append(planned[r])
-            totals.append((float(max(mini.num_tokens, 1)), float(size)))
+            totals.append((float(max(mini.num_tokens, 1)), float(max(mini.num_seqs, 1))))
         return per_rank, totals, plans
 
     def train_on(self, batch: TrainBatch) -> dict[str, float]:

@@ -29,9 +29,11 @@ then aggregated over the response mask:
   constant ``norm_len`` (the configured max response length unless set), so that a token's weight
   does not depend on which micro-batch it lands in.
 
-``total_tokens`` and ``total_seqs`` default to this call's own counts. A learner that splits a
-batch over ranks and micro-batches passes the *global* counts, so that the sum of the pieces'
-losses (and gradients) equals the loss of the whole batch: the split-invariance the tests check.
+``total_tokens`` and ``total_seqs`` default to this call's own counts; a sequence counts only
+when it has a token in the mask (a fully masked row is not a sequence of the mean). A learner
+that splits a batch over ranks and micro-batches passes the *global* counts, so that the sum of
+the pieces' losses (and gradients) equals the loss of the whole batch: the split-invariance the
+tests check.
 
 Truncated importance sampling (``is_weights``): when the learner recomputes the old log-probs
 (``learner.old_logprobs=recompute``), w_t = min(exp(old_learner_t - logp_engine_t), cap) corrects
@@ -109,7 +111,9 @@ def aggregate(
     if mode == "token-mean":
         denom = mask.sum() if total_tokens is None else total_tokens
         return masked.sum() / denom
-    seqs = values.shape[0] if total_seqs is None else total_seqs
+    # sequences with at least one token (a fully masked row, e.g. DAPO's overlong filter, is
+    # not one: verl's seq_mask)
+    seqs = (mask.sum(-1) > 0).sum().clamp(min=1) if total_seqs is None else total_seqs
     if mode == "seq-mean-token-mean":
         per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
         return per_seq.sum() / seqs

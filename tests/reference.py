@@ -100,7 +100,7 @@ def ref_avspo(
             ks.append(0)
             continue
         g = len(vals)
-        if strategy == "opposite":
+        if strategy == "opposite" and k is None:
             kk = 1
         elif k is not None:
             kk = max(1, min(g, k))
@@ -119,7 +119,7 @@ def ref_avspo(
         elif strategy == "random":
             virt = [r_lo + (r_hi - r_lo) * next(random_values) for _ in range(kk)]
         else:  # opposite
-            virt = [r_lo if r_obs > r_lo else r_hi]
+            virt = [r_lo if r_obs > r_lo else r_hi] * kk
         union = vals + virt
         mean = statistics.fmean(union)
         std = _std(union, unbiased)

@@ -306,7 +306,7 @@ def test_avspo_touches_only_collapsed_groups_when_triggered(batch, tau_adapt, st
     assert ((res.k[res.augmented] >= 1) & (res.k[res.augmented] <= sizes[res.augmented])).all()
     assert (res.k[~res.augmented] == 0).all()
     assert res.num_virtual == int(res.k.sum())
-    if strategy == "opposite":
+    if strategy == "opposite" and k is None:
         assert (res.k[res.augmented] == 1).all()
 
 
@@ -398,3 +398,17 @@ def test_closed_form_virtual_moments_match_explicit_values(strategy, dtype):
         assert (values[j, kj:] == 0).all()
         assert mean[j].item() == pytest.approx(row.mean().item(), abs=1e-6)
         assert var[j].item() == pytest.approx(row.var(unbiased=False).item(), abs=1e-6)
+
+
+def test_opposite_honours_a_fixed_k():
+    # strategy opposite with k = 3 (issue 24: K was forced to 1). G = 4 all correct, v = 0 x 3:
+    # {1, 1, 1, 1, 0, 0, 0}: mean 4/7, M2 = 4 (3/7)^2 + 3 (4/7)^2 = 84/49 = 12/7, unbiased
+    # var (12/7) / 6 = 2/7, std 0.534522 -> A = (3/7) / 0.534522 = 0.801784 (eps 0).
+    r = torch.tensor([1.0] * 4 + [1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    g = torch.tensor([0] * 4 + [1] * 4)
+    res = avspo_advantages(r, g, tau_adapt=0.0, strategy="opposite", k=3, eps=0.0)
+    assert res.k.tolist() == [3, 0] and res.num_virtual == 3
+    assert res.advantages[:4].tolist() == pytest.approx([0.801784] * 4, abs=1e-6)
+    # without k it stays the authors' single sample
+    one = avspo_advantages(r, g, tau_adapt=0.0, strategy="opposite", eps=0.0)
+    assert one.k.tolist() == [1, 0]

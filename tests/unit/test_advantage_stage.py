@@ -152,3 +152,14 @@ def test_intrinsic_rewards_have_no_correct_incorrect_strata():
         _groups([[1, 1], [1, 1]]), [V(0.0), V(0.0), V(1.0), V(0.0)]
     )
     assert (m["acr/high"], m["acr/low"]) == (0.0, 0.5)
+
+
+def test_dapo_filter_with_groups_of_unequal_size():
+    # Groups of 1, 3 and 2 samples (failed samples leave groups short). Scores by group:
+    # (1) -> G = 1, collapsed; (1, 0, 1) -> informative; (0, 0) -> collapsed. Grouping the 6
+    # scores by a fixed n = 3 (the old code) would call (1, 1, 0) and (1, 0, 0) informative.
+    from learner.advantage_stage import informative_groups
+
+    groups = _groups([[1], [1, 1, 1], [1, 1]])
+    scores = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+    assert informative_groups(groups, scores, tau=1e-6) == [False, True, False]

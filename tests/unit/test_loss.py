@@ -174,3 +174,24 @@ def test_truncated_importance_weights_scale_each_token():
     )
     assert out.loss.item() == pytest.approx(-1.25)
     assert out.metrics["pg_loss"].item() == pytest.approx(-1.25)
+
+
+def test_seq_mean_modes_count_only_sequences_with_tokens():
+    # A fully masked row (DAPO's overlong filter) is not a sequence of the mean (verl's
+    # seq_mask): row 0 mean (1 + 3) / 2 = 2, row 1 masked -> 2 / 1 = 2 (not 2 / 2 = 1);
+    # sum-norm with norm_len 4: (4 / 4) / 1 = 1.
+    v = torch.tensor([[1.0, 3.0], [5.0, 5.0]])
+    m = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    assert aggregate(v, m, "seq-mean-token-mean").item() == 2.0
+    assert aggregate(v, m, "seq-mean-token-sum-norm", norm_len=4).item() == 1.0
+    from learner.batch import TrainBatch
+
+    b = TrainBatch(
+        input_ids=torch.zeros(2, 2, dtype=torch.long),
+        attention_mask=torch.ones(2, 2, dtype=torch.long),
+        response_mask=m,
+        old_logprobs=torch.zeros(2, 2),
+        advantages=torch.zeros(2),
+        policy_version=torch.zeros(2, dtype=torch.long),
+    )
+    assert b.num_seqs == 1  # what the learner group passes as the global sequence count
