@@ -375,6 +375,15 @@ _BOUNDS = (
 )
 
 
+def learner_seed(cfg: TrainConfig) -> int:
+    """``learner.seed``, or one derived from ``trainer.seed`` when it is null."""
+    from rollout.seeding import derive_seed
+
+    if cfg.learner.seed is not None:
+        return cfg.learner.seed
+    return derive_seed(cfg.trainer.seed, "learner")
+
+
 def validate(node: Any, path: str = "") -> None:
     """Check every field of a dataclass tree against its metadata; raise :class:`ConfigError`."""
     for f in fields(node):

@@ -40,7 +40,7 @@ from diagnostics.sinks import (
 )
 from launch.bootstrap import ensure_model
 from launch.cluster import actor_resources, init_ray, plan_threads, reserve
-from launch.config import ConfigError, TrainConfig
+from launch.config import ConfigError, TrainConfig, learner_seed
 from launch.heldout import evaluate
 from launch.prompts import render
 from launch.sampler import PromptSampler as PromptSampler  # re-exported (older imports)
@@ -142,7 +142,7 @@ class Trainer:
         self.stage = AdvantageStage(
             cfg.algorithm,
             reward_range=self.task.reward_range,
-            seed=cfg.learner.seed,
+            seed=learner_seed(cfg),
             monitor=cfg.acr,
             pad_id=pad_id,
             max_response_len=sampling.max_new_tokens,
@@ -177,7 +177,7 @@ class Trainer:
         if learner:
             loss = cfg.algorithm.loss
             self.learner = LearnerGroup(
-                cfg.learner,
+                dataclasses.replace(cfg.learner, seed=learner_seed(cfg)),
                 dataclasses.replace(loss, norm_len=loss.norm_len or sampling.max_new_tokens),
                 self.model_path,
                 dtype=cfg.model.dtype,

@@ -179,7 +179,10 @@ class LearnerConfig:
     num_cpus_per_rank: float = field(default=1.0, metadata={"ge": 0.0})
     num_gpus_per_rank: float = field(default=0.0, metadata={"ge": 0.0})
     timeout_s: float = field(default=900.0, metadata={"gt": 0.0})
-    seed: int = 0
+    seed: int | None = None
+    """Seeds the learner ranks' torch RNG and the advantage stage's virtual-value draws
+    (``random`` strategy); null = derived from ``trainer.seed`` (launch/config.py
+    ``learner_seed``), so each run seed draws its own."""
 
 
 def minibatch_problem(n: int, mini_batch_size: int | None, num_ranks: int) -> str | None:

@@ -252,7 +252,7 @@ class LearnerRank:
             backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout
         )
         deepspeed.init_distributed(dist_backend=backend)
-        torch.manual_seed(self.cfg.seed)
+        torch.manual_seed(0 if self.cfg.seed is None else self.cfg.seed)
         model = load_policy(self.model_path, self.cfg, self.dtype)
         optimizer = torch.optim.AdamW(
             model.parameters(),

@@ -436,3 +436,15 @@ def test_one_step_async_needs_split_devices_and_the_importance_correction():
         )
     split = load("cluster=gpu_node_split")
     assert split.trainer.async_mode == "one_step"
+
+
+def test_learner_seed_follows_trainer_seed():
+    # issue 24: learner.seed was a fixed 0, so every trainer.seed of the `random` virtual-value
+    # ablation drew the same values. null (default) derives it from trainer.seed.
+    from launch.config import learner_seed
+
+    assert load().learner.seed is None
+    seeds = {learner_seed(load(f"trainer.seed={s}")) for s in range(5)}
+    assert len(seeds) == 5
+    assert learner_seed(load("trainer.seed=3", "learner.seed=7")) == 7  # an explicit seed wins
+    assert learner_seed(load("trainer.seed=3")) == learner_seed(load("trainer.seed=3"))
