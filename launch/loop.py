@@ -393,7 +393,7 @@ class Trainer:
         t2 = time.perf_counter()
         if self.sleeps:  # colocated on GPUs: the engines free the memory the update needs
             self.rollout.sleep()
-        metrics |= self.learner.train_on(batch)
+        metrics |= self.learner.train_on(batch, learner_version=step - 1)
         t3 = time.perf_counter()
         if self.sleeps:
             self.rollout.wake_up()

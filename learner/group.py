@@ -118,23 +118,25 @@ class LearnerGroup:
             totals.append((float(max(mini.num_tokens, 1)), float(max(mini.num_seqs, 1))))
         return per_rank, totals, plans
 
-    def train_on(self, batch: TrainBatch) -> dict[str, float]:
+    def train_on(self, batch: TrainBatch, learner_version: int | None = None) -> dict[str, float]:
         """The PPO update on a ready batch (``ppo_epochs`` passes). Loss terms are token means
-        over every epoch and rank; counts and grad norms cover every optimizer step."""
+        over every epoch and rank; counts and grad norms cover every optimizer step.
+        ``learner_version``: the policy version the learner holds (samples of older versions
+        are lagged: their log-prob gap is logged apart from the numerical one)."""
         per_rank, totals, plans = self._minibatches(batch)
         ranks = get(
             [
-                r.train.remote(per_rank[i], totals, plans[i], self.cfg.ppo_epochs)
+                r.train.remote(per_rank[i], totals, plans[i], self.cfg.ppo_epochs, learner_version)
                 for i, r in enumerate(self.ranks)
             ],
             timeout_s=self.cfg.timeout_s,
             what="learner update",
         )
         tokens = sum(m["tokens"] for m in ranks) or 1.0
-        probed = sum(m["mismatch_tokens"] for m in ranks) or 1.0
+        total = lambda name: sum(m[name] for m in ranks)  # noqa: E731
+        mean = lambda name: total(name) / tokens  # noqa: E731
         norms = [x for x in ranks[0]["grad_norms"] if math.isfinite(x)]  # global: same on all
-        mean = lambda name: sum(m[name] for m in ranks) / tokens  # noqa: E731
-        return {
+        out = {
             "actor/pg_loss": mean("pg_loss"),
             "actor/kl_loss": mean("kl_loss"),
             "actor/entropy": mean("entropy"),
@@ -142,19 +144,35 @@ class LearnerGroup:
             "actor/approx_kl": mean("approx_kl"),
             "actor/grad_norm": sum(norms) / len(norms) if norms else float("nan"),
             "actor/grad_norm_max": max(norms) if norms else float("nan"),
+            # share of applied optimizer steps whose pre-clip norm exceeded learner.grad_clip
+            # (when it binds every step, only the gradient's direction survives)
+            "actor/grad_clip_frac": (
+                sum(x > self.cfg.grad_clip for x in norms) / len(norms) if norms else float("nan")
+            ),
             "actor/lr": ranks[0]["lr"],
             "actor/skipped_steps": float(ranks[0]["skipped_steps"]),
             "actor/optimizer_steps": float(ranks[0]["optimizer_steps"]),
-            "rollout/logprob_abs_diff_mean": sum(m["logprob_abs_diff"] for m in ranks) / probed,
-            "rollout/logprob_abs_diff_max": max(m["logprob_abs_diff_max"] for m in ranks),
-            "rollout/is_weight_mean": sum(m["is_weight"] for m in ranks) / probed,
-            "rollout/is_clipped_frac": sum(m["is_clipped"] for m in ranks) / probed,
             "perf/learner_tokens": tokens / self.cfg.ppo_epochs,
             # through the decoder, per epoch: prompt + response tokens, each shared prompt once
-            "perf/learner_decoder_tokens": sum(m["decoder_tokens"] for m in ranks)
-            / self.cfg.ppo_epochs,
+            "perf/learner_decoder_tokens": total("decoder_tokens") / self.cfg.ppo_epochs,
             "timing_s/update": max(m["seconds"] for m in ranks),
         }
+        weighted = total("is_tokens")
+        if weighted:
+            out["rollout/is_weight_mean"] = total("is_weight") / weighted
+            out["rollout/is_clipped_frac"] = total("is_clipped") / weighted
+            out["rollout/lagged_token_frac"] = total("lag_tokens") / weighted
+        # the numerical engine/learner gap: samples of the learner's own version only
+        if total("mismatch_tokens"):
+            out["rollout/logprob_abs_diff_mean"] = total("logprob_abs_diff") / total(
+                "mismatch_tokens"
+            )
+            out["rollout/logprob_abs_diff_max"] = max(m["logprob_abs_diff_max"] for m in ranks)
+        # older samples (one-step mode): policy lag and numerical gap together
+        if total("lag_tokens"):
+            out["rollout/logprob_lag_abs_diff_mean"] = total("lag_abs_diff") / total("lag_tokens")
+            out["rollout/logprob_lag_abs_diff_max"] = max(m["lag_abs_diff_max"] for m in ranks)
+        return out
 
     def intrinsic(self, batch: TrainBatch) -> torch.Tensor:
         """``[N, 2]``: each sample's mean response-token entropy and self-certainty under the

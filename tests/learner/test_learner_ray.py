@@ -382,16 +382,16 @@ def test_zero_stage_0_matches_and_skips_non_finite_steps(ray_cluster, tiny_model
         assert torch.equal(after[k], updated[k]), k  # the NaN step changed nothing
 
 
-def _mismatch_batch(model):
-    """Engine log-probs = the model's own minus noise, one token 3 nats lower (an engine that
-    under-rates it: learner/engine ratio e^3 > cap 2)."""
+def _mismatch_batch(model, row: int = 2):
+    """Engine log-probs = the model's own minus noise, one token of ``row`` 3 nats lower (an
+    engine that under-rates it: learner/engine ratio e^3 > cap 2)."""
     _, batch = _batch(model, seed=21)
     with torch.no_grad():
         learner, _ = token_logprobs(
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
             batch.input_ids,
         )
-    row, col = 2, int(batch.response_mask[2].nonzero()[0])
+    col = int(batch.response_mask[row].nonzero()[0])
     batch.old_logprobs[row, col] -= 3.0
     m = batch.response_mask.bool()
     diff = (learner - batch.old_logprobs)[m]  # learner - engine per response token
@@ -416,6 +416,7 @@ def test_recompute_mode_logs_the_mismatch_and_weights_tokens(ray_cluster, tiny_m
         mini_batch_size=None,
         old_logprobs="recompute",
         tis_cap=2.0,
+        grad_clip=1e3,  # never binds
         timeout_s=600,
     )
     group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
@@ -431,25 +432,56 @@ def test_recompute_mode_logs_the_mismatch_and_weights_tokens(ray_cluster, tiny_m
     assert m["rollout/is_clipped_frac"] == pytest.approx(1 / diff.numel())
     # counts cover every epoch: 2 epochs x 1 mini-batch (the old code reported epoch 1 only)
     assert m["actor/optimizer_steps"] == 2.0 and m["actor/skipped_steps"] == 0.0
+    assert m["actor/grad_clip_frac"] == 0.0
     assert m["perf/learner_tokens"] == batch.num_tokens
     assert m["actor/entropy"] > 0 and math.isfinite(m["actor/pg_loss"])
 
 
 @pytest.mark.slow
-def test_bypass_mode_measures_the_mismatch_before_the_first_update(ray_cluster, tiny_model_dir):
-    """bypass (engine old log-probs): no weights (mean 1), the gap measured for free on the
-    first mini-batch's forward pass, before any optimizer step (here: the whole batch)."""
+def test_bypass_mode_measures_the_mismatch_on_every_minibatch(ray_cluster, tiny_model_dir):
+    """bypass (engine old log-probs): no weights (mean 1); the numerical gap is measured on
+    every mini-batch before any optimizer step (the first one's forward pass for free, the
+    others by a no-grad forward), on samples of the version the learner holds (lag 0). The
+    poisoned token sits in the 2nd of 2 mini-batches (issue 24: only the first was measured).
+    One row of the first mini-batch is one version old (policy_version 6, the learner at 7):
+    its tokens go to rollout/logprob_lag_abs_diff_*, not into the numerical gap."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    batch, diff = _mismatch_batch(model)
+    batch, _ = _mismatch_batch(model, row=13)
+    batch.policy_version[:] = 7
+    batch.policy_version[1] = 6
+    with torch.no_grad():
+        learner, _ = token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+            batch.input_ids,
+        )
+    gap = (learner - batch.old_logprobs).abs()  # [B, T]
+    mask = batch.response_mask.bool()
+    lagged = torch.zeros_like(mask)
+    lagged[1] = mask[1]
+    fresh = mask & ~lagged
     cfg = LearnerConfig(
-        num_ranks=2, zero_stage=2, lr=1e-4, micro_batch_size=4, mini_batch_size=None, timeout_s=600
+        num_ranks=2,
+        zero_stage=2,
+        lr=1e-4,
+        micro_batch_size=4,
+        mini_batch_size=8,
+        grad_clip=1e-9,  # binds on every step
+        timeout_s=600,
     )
     group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
     try:
-        m = group.train_on(batch)
+        m = group.train_on(batch, learner_version=7)
     finally:
         group.shutdown()
-    assert m["rollout/logprob_abs_diff_mean"] == pytest.approx(float(diff.abs().mean()), abs=1e-5)
+    assert m["actor/optimizer_steps"] == 2.0  # 16 rows in 2 mini-batches of 8
+    assert m["rollout/logprob_abs_diff_mean"] == pytest.approx(float(gap[fresh].mean()), abs=1e-5)
+    assert m["rollout/logprob_abs_diff_max"] == pytest.approx(float(gap[fresh].max()), abs=1e-5)
+    assert m["rollout/logprob_abs_diff_max"] > 2.9  # the poisoned token of mini-batch 2
+    assert m["rollout/logprob_lag_abs_diff_mean"] == pytest.approx(
+        float(gap[lagged].mean()), abs=1e-5
+    )
+    assert m["rollout/lagged_token_frac"] == pytest.approx(float(lagged.sum() / mask.sum()))
     assert m["rollout/is_weight_mean"] == 1.0 and m["rollout/is_clipped_frac"] == 0.0
+    assert m["actor/grad_clip_frac"] == 1.0
