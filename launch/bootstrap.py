@@ -31,7 +31,7 @@ from pathlib import Path
 from launch.model_config import ModelConfig
 
 MANIFEST = "build.json"
-BUILD_VERSION = 1  # bump when a builder changes what it writes
+BUILD_VERSION = 2  # bump when a builder changes what it writes (2: the pinned tiny build)
 
 
 def local_model(path: str) -> str:
@@ -79,6 +79,9 @@ def _write_manifest(folder: Path, facts: dict) -> None:
     weights = {p.name: _sha256(p) for p in sorted(folder.glob("*.safetensors"))}
     manifest = {"files": files, "sha256": weights, "facts": facts}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    if weights:  # recorded for people reading the folder; weights_id() derives it again
+        manifest["weights_id"] = weights_id(folder)
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
 def is_complete(folder: Path) -> bool:
@@ -145,13 +148,14 @@ def ensure_model(cfg: ModelConfig, log=print) -> str:
     if cfg.source == "path":
         return local_model(cfg.path)
     root = cache_root(cfg)
-    if cfg.source == "tiny":
-        from launch.tiny_model import build_tiny
+    if cfg.source == "tiny":  # in a child process with pinned numerics: the same on every CPU
+        from launch.tiny_model import build_tiny_pinned
 
         spec = dataclasses.asdict(cfg.tiny)
-        return str(
-            build_cached(root, _key("tiny", spec), lambda d: build_tiny(d, cfg.tiny, log), log)
-        )
+        build = lambda d: build_tiny_pinned(d, cfg.tiny, log)  # noqa: E731
+        folder = build_cached(root, _key("tiny", spec), build, log)
+        log(f"weights id: {weights_id(folder)}")
+        return str(folder)
     from launch.smollm import convert_smollm2
 
     return str(build_cached(root, _key("smollm2", {}), lambda d: convert_smollm2(d, log), log))
@@ -180,6 +184,7 @@ def _main() -> None:
             raise SystemExit(f"config error: {err}") from None
         folder = ensure_model(cfg.model)
         print(f"model folder: {folder}")
+        print(f"weights id: {weights_id(folder)}")
         print(f"build facts: {built_facts(folder)}")
         if cfg.model.source == "tiny" and cfg.task.name == "arithmetic":
             from transformers import AutoModelForCausalLM, AutoTokenizer

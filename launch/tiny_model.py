@@ -164,6 +164,81 @@ def sampled_accuracy(
     )
 
 
+# The build's numerics, pinned so that every x86-64 CPU with AVX2 computes the same weights:
+# PyTorch's vectorised kernels (elementwise, reductions, the optimizer) are chosen per CPU
+# (AVX-512 or AVX2) and differ in the last bits, which a warm start near a sharp transition
+# amplifies into different models (docs/NOTES.md: three CPUs, three weights before the pins).
+# A fixed thread count fixes how work is split (two: 1.7x faster than one here, the same weights
+# as one in every build measured); MKL's conditional numerical reproducibility fixes its code
+# path (COMPATIBLE,STRICT: the one path Intel documents as the same on Intel and non-Intel CPUs,
+# 2.7x slower than MKL's AVX2 path on the tiny model), and oneDNN's ISA ceiling its own.
+PINNED_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "COMPATIBLE,STRICT",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "OMP_NUM_THREADS": "2",
+    "MKL_NUM_THREADS": "2",
+    "MKL_DYNAMIC": "FALSE",
+}
+
+
+def build_tiny_pinned(
+    out_dir: Path,
+    cfg: TinyConfig,
+    log=print,
+    *,
+    env: dict | None = None,
+    pins: dict | None = None,
+) -> dict:
+    """:func:`build_tiny` in a child process whose numerics are pinned (:data:`PINNED_ENV`,
+    two threads, deterministic algorithms), so that the weights do not depend on the CPU and
+    the pins do not touch the parent's (training) speed. ``env``: the child's environment
+    before the pins (tests emulate other CPUs with it); ``pins``: instead of
+    :data:`PINNED_ENV` (tests: what the pins remove). Returns the build facts."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    child_env = {**(os.environ if env is None else env), **(PINNED_ENV if pins is None else pins)}
+    child_env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    cmd = [sys.executable, "-m", "launch.tiny_model", str(out_dir), json.dumps(asdict(cfg))]
+    proc = subprocess.Popen(
+        cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if line.startswith("  ") and log:
+            log(line.rstrip("\n"))
+    if proc.wait() != 0:
+        tail = "\n".join(lines[-20:])
+        raise RuntimeError(f"the tiny model's build failed (exit {proc.returncode}):\n{tail}")
+    facts = json.loads((out_dir / FACTS).read_text())
+    (out_dir / FACTS).unlink()
+    return facts
+
+
+FACTS = ".build_facts.json"
+
+
+def _child_main(argv: list[str]) -> None:
+    """``python -m launch.tiny_model OUT_DIR CONFIG_JSON``: the pinned build's child."""
+    import json
+    import os
+
+    out_dir, spec = Path(argv[0]), json.loads(argv[1])
+    torch.use_deterministic_algorithms(True)  # threads: OMP_NUM_THREADS (2 when pinned)
+    facts = build_tiny(out_dir, TinyConfig(**spec), log=lambda m: print(m, flush=True))
+    facts["numerics"] = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        **{k: os.environ[k] for k in PINNED_ENV if k in os.environ},
+    }
+    (out_dir / FACTS).write_text(json.dumps(facts))
+
+
 def build_tiny(out_dir: Path, cfg: TinyConfig, log=print) -> dict:
     """Build, warm-start and save the tiny model into ``out_dir``; returns build facts."""
     tokenizer = build_tokenizer()
@@ -174,3 +249,9 @@ def build_tiny(out_dir: Path, cfg: TinyConfig, log=print) -> dict:
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return facts
+
+
+if __name__ == "__main__":
+    import sys
+
+    _child_main(sys.argv[1:])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 
 import pytest
@@ -168,3 +169,73 @@ def test_a_missing_model_path_is_a_config_error_naming_the_key(tmp_path, monkeyp
         local_model("Qwen/Qwen2.5-Math-1.5B")
     (tmp_path / "m").mkdir()
     assert local_model(str(tmp_path / "m")) == str(tmp_path / "m")
+
+
+# ---- the same weights on every x86-64 CPU (issue 25) -----------------------------------------
+
+# A micro variant (0.1M parameters, 60 steps: ~10 s) for the capability tests.
+MICRO = dataclasses.replace(
+    FAST_TINY, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
+    sft_steps=60, sft_batch_size=64,
+)  # fmt: skip
+# The weights ids of the pinned builds, measured on an AMD EPYC with AVX2 only (2026-12-01).
+# On any other x86-64 CPU with AVX2 (AVX-512 Intel or AMD) the same ids must come out: a
+# failure here on another machine means the pins do not cover its kernels.
+MICRO_ID, FAST_TINY_ID = "418a5839", "5e521f73"
+
+
+def _plain_env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("ATEN", "MKL", "ONEDNN"))}
+
+
+def _weights(folder) -> str:
+    from launch.bootstrap import weights_id
+
+    return weights_id(folder) if (folder / MANIFEST).exists() else _sha8(folder)
+
+
+def _sha8(folder) -> str:
+    import hashlib
+
+    return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()[:8]
+
+
+@pytest.mark.slow
+def test_pinned_build_does_not_depend_on_the_cpu_capability(tmp_path):
+    """Another CPU emulated by capability ceilings: PyTorch's kernels capped at the scalar
+    path, MKL at SSE4.2 in its AVX2 reproducibility mode, oneDNN at SSE4.1, one thread. Without
+    the pins these change the weights (the contrast below); with them, nothing changes."""
+    from launch.tiny_model import build_tiny_pinned
+
+    other_cpu = {
+        **_plain_env(),
+        "ATEN_CPU_CAPABILITY": "default",
+        "MKL_CBWR": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "OMP_NUM_THREADS": "1",
+    }
+    ids = []
+    for i, env in enumerate((_plain_env(), other_cpu)):
+        build_tiny_pinned(tmp_path / f"p{i}", MICRO, QUIET, env=env)
+        ids.append(_sha8(tmp_path / f"p{i}"))
+    assert ids == [MICRO_ID, MICRO_ID]
+    # contrast: unpinned, the kernels' code path alone moves the weights
+    for cap in ("avx2", "default"):
+        pins = {"ATEN_CPU_CAPABILITY": cap, "OMP_NUM_THREADS": "1"}
+        build_tiny_pinned(tmp_path / cap, MICRO, QUIET, env=_plain_env(), pins=pins)
+    assert _sha8(tmp_path / "avx2") != _sha8(tmp_path / "default")
+
+
+@pytest.mark.slow
+def test_the_session_model_has_the_pinned_id(tiny_model_dir):
+    """The FAST_TINY model every Ray test uses, built by ensure_model (pinned); its manifest
+    records the id and the numerics it was built with."""
+    from pathlib import Path
+
+    from launch.bootstrap import weights_id
+
+    manifest = json.loads((Path(tiny_model_dir) / MANIFEST).read_text())
+    assert weights_id(tiny_model_dir) == manifest["weights_id"] == FAST_TINY_ID
+    numerics = manifest["facts"]["numerics"]
+    assert numerics["threads"] == 2 and numerics["cpu_capability"] == "AVX2"
