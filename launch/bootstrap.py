@@ -149,12 +149,19 @@ def ensure_model(cfg: ModelConfig, log=print) -> str:
         return local_model(cfg.path)
     root = cache_root(cfg)
     if cfg.source == "tiny":  # in a child process with pinned numerics: the same on every CPU
-        from launch.tiny_model import build_tiny_pinned
+        from launch.tiny_model import DEFAULT_WEIGHTS_ID, TinyConfig, build_tiny_pinned
 
         spec = dataclasses.asdict(cfg.tiny)
         build = lambda d: build_tiny_pinned(d, cfg.tiny, log)  # noqa: E731
         folder = build_cached(root, _key("tiny", spec), build, log)
-        log(f"weights id: {weights_id(folder)}")
+        wid = weights_id(folder)
+        log(f"weights id: {wid}")
+        if cfg.tiny == TinyConfig() and wid != DEFAULT_WEIGHTS_ID:
+            log(
+                f"warning: this machine built the default tiny model as {wid}, not "
+                f"{DEFAULT_WEIGHTS_ID} (the README's): the pinned numerics did not hold here, so "
+                "results are not comparable with the published ones (please report the CPU)"
+            )
         return str(folder)
     from launch.smollm import convert_smollm2
 

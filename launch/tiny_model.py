@@ -164,6 +164,11 @@ def sampled_accuracy(
     )
 
 
+# The weights id (launch/bootstrap.py weights_id) the default TinyConfig builds with the pins
+# below, measured 2026-12-01 on an AMD EPYC (AVX2); the README names it. A build that gives
+# another id is reported (bootstrap): its results are not comparable with published ones.
+DEFAULT_WEIGHTS_ID = "4aa8613f"
+
 # The build's numerics, pinned so that every x86-64 CPU with AVX2 computes the same weights:
 # PyTorch's vectorised kernels (elementwise, reductions, the optimizer) are chosen per CPU
 # (AVX-512 or AVX2) and differ in the last bits, which a warm start near a sharp transition

@@ -239,3 +239,12 @@ def test_the_session_model_has_the_pinned_id(tiny_model_dir):
     assert weights_id(tiny_model_dir) == manifest["weights_id"] == FAST_TINY_ID
     numerics = manifest["facts"]["numerics"]
     assert numerics["threads"] == 2 and numerics["cpu_capability"] == "AVX2"
+
+
+def test_the_readme_names_the_default_weights_id():
+    from pathlib import Path
+
+    from launch.tiny_model import DEFAULT_WEIGHTS_ID
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"weights id `{DEFAULT_WEIGHTS_ID}`" in readme
