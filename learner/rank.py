@@ -41,6 +41,7 @@ from learner.logprobs import (
 )
 from learner.loss import LOG_RATIO_CLAMP, LossConfig, LossOutput, policy_loss
 from learner.policy import available_ram_bytes, deepspeed_config, learner_dtype, load_policy
+from rollout.devices import dist_backend, reserved_device
 
 
 @dataclass
@@ -219,6 +220,9 @@ class LearnerRank:
         self.model_path, self.temperature = model_path, temperature
         self.dtype = learner_dtype(cfg, dtype)  # learner.dtype, else the model's
         self.logits = cfg.logits  # "full" after init if the model needs it
+        self.device = reserved_device(cfg.num_gpus_per_rank)  # what this actor reserved
+        if self.device == "cpu":  # DeepSpeed would pick CUDA wherever it is visible
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
         self._listeners: dict[int, socket.socket] = {}  # rank 0: bound rendezvous ports
         torch.set_num_threads(threads or max(1, int(cfg.num_cpus_per_rank)))
 
@@ -252,7 +256,7 @@ class LearnerRank:
             WORLD_SIZE=str(self.world_size),
             LOCAL_RANK="0",
         )
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = dist_backend(self.device)
         if self.rank == 0:  # before the rendezvous: no rank of this node builds yet
             clear_stale_build_lock()
         # The store first, on the socket rank 0 bound (torch's env:// store would listen on
@@ -333,7 +337,7 @@ class LearnerRank:
         import ray
 
         node = ray.get_runtime_context().get_node_id()
-        if torch.cuda.is_available():
+        if self.device == "cuda":
             return node, "cuda", float(torch.cuda.mem_get_info()[0])
         return node, "cpu", available_ram_bytes()
 
@@ -509,7 +513,7 @@ class LearnerRank:
             for p in self.engine.module.parameters()
             if p.grad is not None
         )
-        flag = torch.tensor([0.0 if local else 1.0])
+        flag = torch.tensor([0.0 if local else 1.0], device=self.engine.device)  # NCCL: on GPU
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag.item() == 0.0
 

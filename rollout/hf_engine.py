@@ -40,11 +40,7 @@ class HFEngine:
         mask = enc["attention_mask"].to(self.device)
         generators = None
         if params.temperature > 0:
-            seed = call_seed(params.seed)
-            generators = [
-                torch.Generator(self.device).manual_seed(sample_seed(seed, r // n, r % n))
-                for r in range(ids.shape[0] * n)
-            ]
+            generators = sample_generators(call_seed(params.seed), ids.shape[0], n)
         new, logp = self._decode(ids, mask, n, params, generators)  # [R, T] each, R = B * n
         groups = []
         for i, prompt in enumerate(prompts):
@@ -146,9 +142,21 @@ class HFEngine:
         self.load_weights(weights, version)
 
 
+def sample_generators(seed: int, prompts: int, n: int) -> list[torch.Generator]:
+    """One CPU generator per row (prompt p, sample j), seeded ``sample_seed(seed, p, j)``. On the
+    CPU whatever device the model is on: the uniform draws are made there (:func:`_draw`), so a
+    row's stream is the same on every device."""
+    return [
+        torch.Generator("cpu").manual_seed(sample_seed(seed, r // n, r % n))
+        for r in range(prompts * n)
+    ]
+
+
 def _draw(logp: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row from ``exp(logp) [R, V]``, row r with ``generators[r]`` (inverse CDF)."""
+    """One token per row from ``exp(logp) [R, V]``, row r with ``generators[r]`` (inverse CDF;
+    the uniforms drawn on the CPU, the search on ``logp``'s device)."""
     u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
     cdf = logp.double().exp().cumsum(-1)  # [R, V]
-    token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    target = (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)
+    token = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return token.clamp(max=logp.shape[-1] - 1).to(logp.device)

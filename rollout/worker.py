@@ -21,7 +21,10 @@ from rollout.weight_sync import TRANSPORTS, ObjectStoreTransport, weight_sync_ba
 logger = logging.getLogger(__name__)
 
 
-def make_engine(cfg: RolloutConfig, model_path: str, dtype: str, sleep_mode: bool = False):
+def make_engine(
+    cfg: RolloutConfig, model_path: str, dtype: str, sleep_mode: bool = False, device: str = "cpu"
+):
+    """The configured engine; ``device``: what the actor reserved (rollout/devices.py)."""
     engine = cfg.engine
     if engine == "vllm":
         try:
@@ -44,6 +47,7 @@ def make_engine(cfg: RolloutConfig, model_path: str, dtype: str, sleep_mode: boo
             max_num_seqs=cfg.max_num_seqs,
             enable_prefix_caching=cfg.enable_prefix_caching,
             sleep_mode=sleep_mode,
+            device=device,
         )
     from rollout.hf_engine import HFEngine
 
@@ -68,14 +72,17 @@ class RolloutWorker:
         its GPU memory between generations (colocated with a learner rank on GPUs)."""
         import os
 
+        from rollout.devices import reserved_device
+
         torch.set_num_threads(threads or max(1, int(cfg.num_cpus_per_worker)))
-        if cpus and not torch.cuda.is_available():
+        device = reserved_device(cfg.num_gpus_per_worker)
+        if cpus and device == "cpu":
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus))
-        if not torch.cuda.is_available() and cfg.tensor_parallel_size == 1:
+        if device == "cpu" and cfg.tensor_parallel_size == 1:
             # vLLM's engine core in this process, not a second one competing for the cores:
             # requests, outputs and weight loads are calls instead of messages between processes
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        self.engine = make_engine(cfg, model_path, dtype, sleep_mode)
+        self.engine = make_engine(cfg, model_path, dtype, sleep_mode, device)
         self.threads = torch.get_num_threads()
 
     def ready(self) -> str:
