@@ -185,6 +185,32 @@ def test_non_finite_step_is_skipped_and_weights_unchanged(learner, tiny_model_di
     assert all(torch.equal(before[k], after[k]) for k in before)  # bit-identical
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_zero3_skips_a_non_finite_step_in_fp32_and_bf16(ray_cluster, tiny_model_dir, dtype):
+    """issue 26: ZeRO-3 decides by the global grad norm (DeepSpeed >= 0.19.8, the floor in
+    pyproject.toml; 0.19.7 and earlier check overflow in fp16 only, so in bf16 the NaN step was
+    applied and every weight became NaN). A NaN advantage: skipped, weights bit-identical."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    _, batch = _batch(model, seed=5)
+    batch.advantages[3] = float("nan")
+    cfg = LearnerConfig(
+        num_ranks=2, zero_stage=3, lr=1e-3, micro_batch_size=4, dtype=dtype, timeout_s=600
+    )
+    group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
+    try:
+        before = _weights(group)
+        metrics = group.train_on(batch)
+        after = _weights(group)
+    finally:
+        group.shutdown()
+    assert metrics["actor/skipped_steps"] == 1.0
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(bool(torch.isfinite(v).all()) for v in after.values())
+
+
 def _engine_groups(groups, batch, logprob=None):
     """The synthetic groups with per-token log-probs as an engine reports them (batch's old
     log-probs, or a constant)."""

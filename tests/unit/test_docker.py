@@ -768,3 +768,16 @@ def test_docker_compose_config_accepts_the_files(files):
         [*client, *args, "config", "--quiet"], capture_output=True, text=True, timeout=60, env=env
     )
     assert run.returncode != 0 and "export RAY_AUTH_TOKEN first" in run.stderr, run.stderr
+
+
+def test_gpu_dockerfile_pins_deepspeed_and_ray_to_the_tested_versions():
+    # issue 26: DeepSpeed before 0.19.8 lets a NaN step through ZeRO-3 in bf16; the image must
+    # not pick whatever pip resolves.
+    text = (DOCKER / "Dockerfile.gpu").read_text()
+    tested = dict(
+        line.split("==") for line in (ROOT / "constraints-cpu.txt").read_text().splitlines()
+        if line.startswith(("deepspeed==", "ray==", "ray[default]=="))
+    )  # fmt: skip
+    assert f"deepspeed=={tested['deepspeed']}" in text
+    ray = tested.get("ray") or tested["ray[default]"]
+    assert f"ray=={ray}" in text
