@@ -402,14 +402,33 @@ def model_intrinsic(
     return ent, cert
 
 
-def logits_problem(model, *, tolerance: float = 1e-2) -> str | None:
+# Largest |log-prob| gap the self-checks below accept between two paths of the same math, by the
+# model's dtype. fp32: float rounding only (measured ~1e-5 on SmolLM2-135M). bf16: the shared
+# prefix changes where attention rounds (measured 0.191 nats max on SmolLM2-135M on CPU; the
+# chunked logits 0); a broken path (a shifted position, a wrong prefix) is off by nats.
+CHECK_TOLERANCE = {torch.float32: 1e-2, torch.bfloat16: 0.5, torch.float16: 0.5}
+
+
+def check_tolerance(model) -> float:
+    """The self-checks' tolerance for ``model``'s parameter dtype (:data:`CHECK_TOLERANCE`).
+
+    >>> check_tolerance(torch.nn.Linear(2, 2)), check_tolerance(torch.nn.Linear(2, 2).bfloat16())
+    (0.01, 0.5)
+    """
+    dtype = next(_unwrap(model).parameters()).dtype
+    return CHECK_TOLERANCE.get(dtype, 1e-2)
+
+
+def logits_problem(model, *, tolerance: float | None = None) -> str | None:
     """Why the chunked path would not reproduce ``model``'s logits (None when it does).
 
     Static checks (a decoder and an output embedding to call; no config key from
     ``UNSUPPORTED_LOGIT_KEYS``), then a numeric one: chunked and full log-probs of a fixed
     2 x 8-token batch must agree within ``tolerance`` (catches any other transform of the
-    logits). Runs a forward pass: under ZeRO-3 every rank must call it.
+    logits). Runs a forward pass: under ZeRO-3 every rank must call it. ``tolerance``: by
+    the model's dtype unless given (:func:`check_tolerance`).
     """
+    tolerance = check_tolerance(model) if tolerance is None else tolerance
     module = _unwrap(model)
     config = getattr(module, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -438,11 +457,12 @@ def logits_problem(model, *, tolerance: float = 1e-2) -> str | None:
     return None
 
 
-def prefix_problem(model, *, tolerance: float = 1e-2) -> str | None:
+def prefix_problem(model, *, tolerance: float | None = None) -> str | None:
     """Why :func:`shared_prefix_hidden` would not reproduce ``model``'s plain chunked log-probs
     (None when it does): a fixed batch of two prompts (lengths 5 and 3) with two responses each
     (lengths 4 and 2) is scored both ways. Runs two forward passes: under ZeRO-3 every rank
-    must call it."""
+    must call it. ``tolerance``: by the model's dtype unless given (:func:`check_tolerance`)."""
+    tolerance = check_tolerance(model) if tolerance is None else tolerance
     module = _unwrap(model)
     weight = module.get_output_embeddings().weight
     vocab = getattr(weight, "ds_shape", weight.shape)[0]
