@@ -117,11 +117,14 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     before = model.state_dict()
     moved = max((expected[k] - before[k]).abs().max().item() for k in expected)
     assert moved > 1e-4  # the update really moves the weights
-    diffs = {k: (states[0][k] - v).abs().max().item() for k, v in expected.items()}
-    print("MAXDIFF", max(diffs.values()), sorted(diffs.items(), key=lambda kv: -kv[1])[:3])
+    # Equal up to float summation order: the tied embedding's gradient sums the softmax over
+    # the vocabulary at every position, ~1e-7 relative error at |g| ~ 1, which Adam's first step
+    # (slope lr / eps = 1 in g) passes on. Measured 2.7e-7 (ZeRO-2) and 2.8e-7 (ZeRO-3) on the
+    # pinned session model, on an AMD EPYC; the bound lr * 1e-3 = 1e-6 (the one of the rank-count
+    # test below) is 100x below the update and far below a real error (>= 1.7e-4, see there).
     for state in states:  # both ranks hold the same, reference-equal weights
         for k, v in expected.items():
-            assert torch.allclose(state[k], v, atol=1e-7, rtol=1e-6), (
+            assert torch.allclose(state[k], v, atol=1e-3 * 1e-3, rtol=0), (
                 stage,
                 k,
                 (state[k] - v).abs().max(),

@@ -102,7 +102,12 @@ def test_microbatch_split_does_not_change_loss_or_gradient(model, aggregation):
     whole_loss, whole_grad = loss_and_grad([list(range(6))])
     split_loss, split_grad = loss_and_grad([[i] for i in range(6)])
     assert split_loss == pytest.approx(whole_loss, abs=1e-6)
-    assert torch.allclose(split_grad, whole_grad, atol=1e-6)
+    # Equal up to float32 summation order (each micro-batch pads to its own width): measured
+    # 2.4e-6 at max |g| 0.48 (seq-mean-token-mean, pinned session model), i.e. 5e-6 of the
+    # gradient's scale; bound 1e-5 of it. A wrong count is an error of a whole sample's share
+    # (1/6 of the batch here), 4 orders of magnitude above.
+    scale = float(whole_grad.abs().max())
+    assert float((split_grad - whole_grad).abs().max()) <= 1e-5 * scale
 
 
 def test_dr_grpo_without_a_constant_norm_len_is_an_error(model):

@@ -281,7 +281,7 @@ class FakeRollout:
 
 
 class FakeLearner:
-    def train_on(self, batch):
+    def train_on(self, batch, learner_version=None):
         return {}
 
 
