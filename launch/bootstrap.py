@@ -78,10 +78,9 @@ def _write_manifest(folder: Path, facts: dict) -> None:
     files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
     weights = {p.name: _sha256(p) for p in sorted(folder.glob("*.safetensors"))}
     manifest = {"files": files, "sha256": weights, "facts": facts}
+    if weights:  # recorded for people reading the folder; weights_id() derives the same
+        manifest["weights_id"] = _id_of(weights)
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    if weights:  # recorded for people reading the folder; weights_id() derives it again
-        manifest["weights_id"] = weights_id(folder)
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
 def is_complete(folder: Path) -> bool:
@@ -111,6 +110,11 @@ def weights_id(folder: str | Path) -> str:
         hashes = {p.name: _sha256(p) for p in files}
     if not hashes:
         raise ValueError(f"{folder}: no weights (*.safetensors, *.bin) to identify")
+    return _id_of(hashes)
+
+
+def _id_of(hashes: dict[str, str]) -> str:
+    """The weights id of files with these SHA-256 hashes (:func:`weights_id`)."""
     if len(hashes) == 1:
         return next(iter(hashes.values()))[:8]
     listing = "".join(f"{name}:{h}\n" for name, h in sorted(hashes.items()))
@@ -191,7 +195,8 @@ def _main() -> None:
             raise SystemExit(f"config error: {err}") from None
         folder = ensure_model(cfg.model)
         print(f"model folder: {folder}")
-        print(f"weights id: {weights_id(folder)}")
+        if cfg.model.source != "tiny":  # ensure_model printed the tiny model's already
+            print(f"weights id: {weights_id(folder)}")
         print(f"build facts: {built_facts(folder)}")
         if cfg.model.source == "tiny" and cfg.task.name == "arithmetic":
             from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -111,9 +111,8 @@ class AdvantageStage:
         if self.window.maxlen:  # acr_window > 1: this step's collapsed groups join the window
             collapsed = collapse_stats(rewards, group_ids, tau=self.cfg.tau).collapsed
             now = (int(collapsed.sum()), collapsed.numel())
-            trigger_acr = sum(c for c, _ in (*self.window, now)) / sum(
-                n for _, n in (*self.window, now)
-            )
+            seen = (*self.window, now)
+            trigger_acr = sum(c for c, _ in seen) / sum(n for _, n in seen)
         result = self.estimator(
             rewards,
             group_ids,

@@ -83,18 +83,19 @@ class RankMetrics:
         m = mask.bool()
         full = learner - engine  # [B, T]
         old = torch.zeros_like(m) if lagged is None else lagged.bool()[:, None] & m
-        for part, keys in ((m & ~old, "mismatch"), (old, "lag")):
-            diff = full[part].abs()
-            if keys == "mismatch":
-                self.mismatch_tokens += float(part.sum())
-                self.logprob_abs_diff += float(diff.sum())
-                if diff.numel():
-                    self.logprob_abs_diff_max = max(self.logprob_abs_diff_max, float(diff.max()))
-            else:
-                self.lag_tokens += float(part.sum())
-                self.lag_abs_diff += float(diff.sum())
-                if diff.numel():
-                    self.lag_abs_diff_max = max(self.lag_abs_diff_max, float(diff.max()))
+
+        def gap(part):  # (tokens, sum, max) of |learner - engine| over ``part``
+            d = full[part].abs()
+            return float(part.sum()), float(d.sum()), float(d.max()) if d.numel() else 0.0
+
+        n, total, peak = gap(m & ~old)
+        self.mismatch_tokens += n
+        self.logprob_abs_diff += total
+        self.logprob_abs_diff_max = max(self.logprob_abs_diff_max, peak)
+        n, total, peak = gap(old)
+        self.lag_tokens += n
+        self.lag_abs_diff += total
+        self.lag_abs_diff_max = max(self.lag_abs_diff_max, peak)
         diff = full[m]
         self.is_tokens += float(m.sum())
         if cap is None:
