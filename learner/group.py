@@ -20,7 +20,7 @@ from learner.batch import MicroBatch, TrainBatch, plan_microbatches, shard_by_to
 from learner.config import LearnerConfig, minibatch_problem
 from learner.loss import LossConfig
 from learner.rank import LearnerRank
-from rollout.actors import ActorGroupError, get, spawn_actor_group
+from rollout.actors import get, spawn_actor_group
 
 
 class LearnerGroup:
@@ -204,17 +204,16 @@ class LearnerGroup:
         )
         return states if every_rank else states[0]
 
-    def export_weights_ref(self):
-        """Rank 0's full state dict as an ObjectRef, left in the object store for the rollout
-        workers to read (it never passes through the driver); every rank takes part (ZeRO-3)."""
-        import ray
-
-        refs = [r.export_weights.remote(False) for r in self.ranks]
-        get(refs[1:], timeout_s=self.cfg.timeout_s, what="weight export")  # None each
-        done, _ = ray.wait(refs[:1], timeout=self.cfg.timeout_s, fetch_local=False)
-        if not done:
-            raise ActorGroupError(f"weight export: no answer within {self.cfg.timeout_s:.0f} s")
-        return refs[0]
+    def export_bucket_refs(self, bucket_bytes: int) -> list:
+        """Rank 0's parameters as refs of ``{name: tensor}`` buckets of at most
+        ``bucket_bytes``, left in the object store for the rollout workers to read (they never
+        pass through the driver); every rank takes part (ZeRO-3 gathers each bucket)."""
+        got = get(
+            [r.export_buckets.remote(bucket_bytes) for r in self.ranks],
+            timeout_s=self.cfg.timeout_s,
+            what="weight export",
+        )
+        return got[0]
 
     def save_checkpoint(
         self, root: str, step: int, state: dict | None = None, keep: int | None = None
@@ -266,13 +265,11 @@ class LearnerGroup:
             [self.ranks[0].address.remote()], timeout_s=self.cfg.timeout_s, what="sync address"
         )[0]
 
-    def open_weight_group(self, host, port, world_size, backend, timeout_s, bucket_bytes) -> list:
-        """Refs: every rank plans the buckets, rank 0 joins the group (it returns once every
-        engine has joined too, so the caller waits on these together with the engines)."""
-        return [
-            r.open_weight_group.remote(host, port, world_size, backend, timeout_s, bucket_bytes)
-            for r in self.ranks
-        ]
+    def open_weight_group(self, group) -> list:
+        """Refs: every rank plans the buckets, rank 0 joins the group (``group``:
+        rollout/collective.py ``SyncGroup``; it returns once every engine has joined too, so the
+        caller waits on these together with the engines)."""
+        return [r.open_weight_group.remote(group) for r in self.ranks]
 
     def broadcast_weights(self, version: int) -> list:
         """Refs of every rank's part of one broadcast (bytes sent, rank 0's first)."""

@@ -423,6 +423,8 @@ class LearnerRank:
                 self._optimizer_step(acc)
         acc.seconds = time.perf_counter() - t0
         acc.lr = self.scheduler.get_last_lr()[0]
+        if self.device == "cuda":  # colocated engines wake into this memory next
+            torch.cuda.empty_cache()
         return dataclasses.asdict(acc)
 
     @torch.no_grad()
@@ -578,55 +580,63 @@ class LearnerRank:
             for name, p in self._sync_params()
         ]
 
-    def open_weight_group(
-        self,
-        host: str,
-        port: int,
-        world_size: int,
-        backend: str,
-        timeout_s: float,
-        bucket_bytes: int,
-    ) -> int:
+    def open_weight_group(self, group) -> int:
         """Every rank plans the buckets (ZeRO-3 gathers bucket by bucket on all ranks); rank 0
-        also joins the sync group as its rank 0 (hosting its store at ``host:port``)."""
-        from rollout.collective import Sender, TensorSpec, open_group, plan_buckets
+        also joins the sync group (``group``: rollout/collective.py ``SyncGroup``) as its rank
+        0, hosting its store at ``group.host:group.port``. A rebuilt group replaces the old."""
+        from rollout.collective import TensorSpec, open_sender, plan_buckets
 
         specs = [TensorSpec(n, d, s) for n, d, s in self.weight_specs()]
-        self.sync_buckets = plan_buckets(specs, bucket_bytes)
+        self.sync_buckets = plan_buckets(specs, group.bucket_bytes)
         self.sender = None
         if self.rank == 0:
-            group, store = open_group(
-                host,
-                port,
-                0,
-                world_size,
-                backend=backend,
-                timeout_s=timeout_s,
-                listener=self._listener(port),
-            )
-            self.sender = Sender(group, store, specs, bucket_bytes, backend)
+            self.sender = open_sender(group, specs, self._listener(group.port))
         return self.rank
 
-    @torch.no_grad()
-    def broadcast_weights(self, version: int) -> int:
-        """Send policy ``version`` to the engines, bucket by bucket; returns the bytes sent (0
-        on ranks other than 0). Every rank calls this at the same time (ZeRO-3 gathers)."""
+    def _gathered_buckets(self, buckets: list[list[int]]):
+        """Per bucket, its ``(name, parameter)`` pairs with full data: under ZeRO-3 gathered
+        bucket by bucket (at most one bucket beyond the shards at a time), on every rank at the
+        same time; the data is valid until the next bucket is asked for."""
         import contextlib
 
         import deepspeed
 
         params = self._sync_params()
-        sent = 0
-        if self.sender is not None:
-            self.sender.send_header(version)
-        for bucket in self.sync_buckets:
-            tensors = [params[i][1] for i in bucket]
+        for bucket in buckets:
+            named = [params[i] for i in bucket]
             gather = (
-                deepspeed.zero.GatheredParameters(tensors, modifier_rank=None)
+                deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None)
                 if self.cfg.zero_stage == 3
                 else contextlib.nullcontext()
             )
             with gather:
-                if self.sender is not None:
-                    sent += self.sender.send_bucket([t.data for t in tensors])
+                yield named
+
+    @torch.no_grad()
+    def export_buckets(self, bucket_bytes: int) -> list | None:
+        """The object-store sync's export: rank 0 puts the parameters into Ray's object store
+        one bucket (a ``{name: CPU tensor}`` dict of at most ``bucket_bytes``, as the collective
+        sync packs them) at a time and returns their refs; other ranks return None. Every rank
+        calls this at the same time (ZeRO-3 gathers each bucket)."""
+        import ray
+
+        from rollout.collective import TensorSpec, plan_buckets
+
+        specs = [TensorSpec(n, d, s) for n, d, s in self.weight_specs()]
+        refs = []
+        for named in self._gathered_buckets(plan_buckets(specs, bucket_bytes)):
+            if self.rank == 0:
+                refs.append(ray.put({n: p.data.detach().to("cpu", copy=True) for n, p in named}))
+        return refs if self.rank == 0 else None
+
+    @torch.no_grad()
+    def broadcast_weights(self, version: int) -> int:
+        """Send policy ``version`` to the engines, bucket by bucket; returns the bytes sent (0
+        on ranks other than 0). Every rank calls this at the same time (ZeRO-3 gathers)."""
+        sent = 0
+        if self.sender is not None:
+            self.sender.send_header(version)
+        for named in self._gathered_buckets(self.sync_buckets):
+            if self.sender is not None:
+                sent += self.sender.send_bucket([p.data for _, p in named])
         return sent

@@ -62,6 +62,19 @@ class TensorSpec:
         return self.numel * torch.empty((), dtype=self.torch_dtype).element_size()
 
 
+@dataclasses.dataclass(frozen=True)
+class SyncGroup:
+    """Where and how the sync group meets: what every member is told to open its end."""
+
+    host: str
+    port: int
+    world_size: int
+    backend: str  # "gloo" | "nccl"
+    timeout_s: float
+    bucket_bytes: int
+    generation: int = 0  # rebuilds so far (a restarted engine makes every member rejoin anew)
+
+
 def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
     """Indices of ``specs`` per bucket: consecutive tensors of one dtype, at most
     ``bucket_bytes`` together; a tensor larger than that is a bucket of its own."""
@@ -124,17 +137,20 @@ def open_group(
     backend: str,
     timeout_s: float,
     listener: socket.socket | None = None,
+    generation: int = 0,
 ) -> tuple[torch.distributed.ProcessGroup, object]:
     """This process's member of the sync group; rank 0 hosts the store on ``listener``
     (:func:`listen_socket`, bound at ``host:port``). Returns ``(group, store)`` (keep the store
-    alive as long as the group). Blocks until all ranks joined."""
+    alive as long as the group). Blocks until all ranks joined. ``generation``: how many times
+    the group was rebuilt (a restarted engine makes every member rejoin a new group, on a new
+    port under a new name)."""
     import torch.distributed as dist
 
     if (rank == 0) != (listener is not None):
         raise ValueError("rank 0, and only rank 0, hosts the store (pass it the listener)")
     timeout = timedelta(seconds=timeout_s)
     store = tcp_store(host, port, world_size, timeout=timeout, listener=listener)
-    prefixed = dist.PrefixStore(GROUP_PREFIX, store)
+    prefixed = dist.PrefixStore(f"{GROUP_PREFIX}/{generation}", store)
     if backend == "gloo":
         group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
     elif backend == "nccl":
@@ -218,21 +234,26 @@ class Receiver:
                 yield spec.name, part.view(spec.shape)
 
 
+def open_sender(group: SyncGroup, specs: list[TensorSpec], listener: socket.socket) -> Sender:
+    """Learner rank 0's end of the sync group (rank 0: it hosts the store on ``listener``)."""
+    pg, store = open_group(
+        group.host, group.port, 0, group.world_size, backend=group.backend,
+        timeout_s=group.timeout_s, listener=listener, generation=group.generation,
+    )  # fmt: skip
+    return Sender(pg, store, specs, group.bucket_bytes, group.backend)
+
+
 def open_receiver(
-    host: str,
-    port: int,
-    rank: int,
-    world_size: int,
-    backend: str,
-    timeout_s: float,
-    specs: list[tuple[str, str, tuple[int, ...]]],
-    bucket_bytes: int,
+    group: SyncGroup, rank: int, specs: list[tuple[str, str, tuple[int, ...]]]
 ) -> Receiver:
     """An engine process's end of the sync group (as rank ``rank``), for ``(name, dtype,
     shape)`` specs as the learner sends them."""
-    group, store = open_group(host, port, rank, world_size, backend=backend, timeout_s=timeout_s)
+    pg, store = open_group(
+        group.host, group.port, rank, group.world_size, backend=group.backend,
+        timeout_s=group.timeout_s, generation=group.generation,
+    )  # fmt: skip
     specs_ = [TensorSpec(n, d, tuple(s)) for n, d, s in specs]
-    return Receiver(group, store, specs_, bucket_bytes, backend)
+    return Receiver(pg, store, specs_, group.bucket_bytes, group.backend)
 
 
 def pack_tensors(tensors: dict[str, torch.Tensor]) -> list[tuple[str, str, list[int], bytes]]:
@@ -291,28 +312,30 @@ class VLLMWeightSyncExtension:
     attributes clash with the worker's own."""
 
     def avspo_open_weight_group(
-        self,
-        host: str,
-        port: int,
-        first_rank: int,
-        world_size: int,
-        backend: str,
-        timeout_s: float,
-        specs: list[tuple[str, str, tuple[int, ...]]],
-        bucket_bytes: int,
+        self, group: dict, first_rank: int, specs: list[tuple[str, str, tuple[int, ...]]]
     ) -> int:
+        """``group``: a :class:`SyncGroup` as a dict (plain values cross into vLLM's workers)."""
         rank = first_rank + int(getattr(self, "rank", 0))
-        self.avspo_receiver = open_receiver(
-            host, port, rank, world_size, backend, timeout_s, specs, bucket_bytes
-        )
+        self.avspo_receiver = None  # a rebuilt group replaces the old one
+        self.avspo_receiver = open_receiver(SyncGroup(**group), rank, specs)
         return rank
 
-    def avspo_load_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
-        """The object-store transport's reload, from :func:`pack_tensors` records: plain values
-        that vLLM's msgpack encoder carries without pickle (no
-        VLLM_ALLOW_INSECURE_SERIALIZATION)."""
-        reload_in_place(self, unpack_tensors(packed))
-        return len(packed)
+    def avspo_stage_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
+        """The object-store transport sends one bucket per call, as :func:`pack_tensors`
+        records (plain values that vLLM's msgpack encoder carries without pickle: no
+        VLLM_ALLOW_INSECURE_SERIALIZATION); they wait here, one copy of the model at most, until
+        :meth:`avspo_load_staged`."""
+        staged = getattr(self, "avspo_staged", None) or []
+        staged.extend(unpack_tensors(packed))
+        self.avspo_staged = staged
+        return len(staged)
+
+    def avspo_load_staged(self) -> int:
+        """Reload in place from every staged bucket (one reload: vLLM processes a layer once
+        all its tensors arrived), then drop them."""
+        staged, self.avspo_staged = getattr(self, "avspo_staged", None) or [], []
+        reload_in_place(self, staged)
+        return len(staged)
 
     def avspo_receive_weights(self, version: int) -> int:
         items = self.avspo_receiver.receive(version)

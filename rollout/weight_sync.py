@@ -1,135 +1,134 @@
-"""Weight sync from the learner to the rollout engines: one interface, transports behind it.
+"""Weight sync from the learner to the rollout engines: one driver-level object that owns both
+ends (:class:`WeightSync`), transports behind it. Stages never call each other: the learner
+group and the rollout group only answer the calls made here.
 
-``sync_from(learner, version)`` sends learner rank 0's weights to every engine; the object-store
-transport also takes a state dict from anywhere (``push``). Algorithm code never branches on the
-transport.
-
-- ``object_store`` (everywhere): one ``ray.put`` of the state dict, every worker reads the same
-  object (zero-copy for workers on the node) and loads it in place.
+- ``object_store`` (everywhere): learner rank 0 puts its parameters into Ray's object store one
+  bucket (at most ``rollout.weight_sync_bucket_mb``) at a time (under ZeRO-3 gathered bucket by
+  bucket); every worker reads the same objects (zero-copy on the node) and hands them to its
+  engine bucket by bucket. The refs of the version the engines hold are kept until the next
+  sync: a restarted worker gets exactly those weights.
 - ``collective``: learner rank 0 broadcasts the parameters in buckets over a torch.distributed
   group that the engine workers joined (inside vLLM's worker processes, through its worker
   extension and ``collective_rpc``, as OpenRLHF/verl do): NCCL on GPUs, gloo on CPUs (tested
-  here). rollout/collective.py has the protocol.
+  here). rollout/collective.py has the protocol. A restarted worker gets its weights through
+  the object store, and every member rejoins a new group (new port, new name) at the next sync.
+
+Colocated on GPUs (engines in vLLM sleep mode), :meth:`WeightSync.before_update` puts the
+engines to sleep and :meth:`WeightSync.after_update` wakes their weights, syncs, then wakes
+their KV cache, so the learner's update and the new weights never share the GPU with a KV cache.
+Algorithm code never branches on the transport.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Protocol
 
-import ray
-import torch
-
-from rollout.actors import ActorDied, get, settle
-
-
-class WeightTransport(Protocol):
-    def sync_from(self, learner, version: int) -> float:
-        """Send learner rank 0's weights (``learner``: a :class:`learner.group.LearnerGroup`);
-        returns the seconds until every engine had loaded them."""
+from rollout.actors import get
+from rollout.collective import SyncGroup
 
 
 class ObjectStoreTransport:
-    def __init__(self, workers: list, *, timeout_s: float, **_):
-        self.workers, self.timeout_s = workers, timeout_s
+    def __init__(self, rollout, bucket_bytes: int):
+        self.rollout, self.bucket_bytes = rollout, bucket_bytes
+        self.refs: list = []  # the buckets of the version the engines hold (None: the start)
 
-    def sync_from(self, learner, version: int, on_death=None) -> float:
-        """Rank 0's state dict stays in the object store; the engines read it from there."""
-        return self.push(learner.export_weights_ref(), version, on_death)
+    def sync(self, learner, version: int) -> None:
+        refs = learner.export_bucket_refs(self.bucket_bytes)
+        self.rollout.load_weights(refs, version)  # a worker that died meanwhile: restarted
+        self.refs = refs
 
-    def push(
-        self,
-        named_tensors: dict[str, torch.Tensor] | ray.ObjectRef,
-        version: int,
-        on_death: Callable[[int], None] | None = None,
-    ) -> float:
-        """``named_tensors``: a state dict, or the ref of one already in the object store (a
-        learner rank's ``export_weights`` result: then the weights never pass the driver).
-        ``on_death(i)``: called for a worker that died meanwhile (it restarts it with these
-        weights); without it a death raises."""
-        t0 = time.perf_counter()
-        if isinstance(named_tensors, ray.ObjectRef):
-            ref = named_tensors
-        else:
-            ref = ray.put({k: v.detach().to("cpu").contiguous() for k, v in named_tensors.items()})
-        settled = settle(
-            {i: w.load_weights.remote(ref, version) for i, w in enumerate(self.workers)},
-            timeout_s=self.timeout_s,
-            what=f"weight sync (version {version})",
-        )
-        for i, result in settled.items():
-            if isinstance(result, ActorDied):
-                if on_death is None:
-                    raise result
-                on_death(i)
-        return time.perf_counter() - t0
+    def restore(self, learner, worker: int, version: int) -> None:
+        refs = self.refs or learner.export_bucket_refs(self.bucket_bytes)
+        self.rollout.load_weights(refs, version, workers=[worker])
 
 
 class CollectiveTransport:
-    """Learner rank 0 broadcasts to every engine worker over a torch.distributed group of their
-    own (rollout/collective.py): gloo on CPUs, NCCL on GPUs, in buckets of ``bucket_mb``.
+    """The group is opened on the first sync (:meth:`connect`): the learner's tensor specs go to
+    the engines once, then each sync moves only data. A restarted worker makes the next sync
+    open a new group with every member."""
 
-    The group is opened on the first sync (:meth:`connect`): the learner's tensor specs go to
-    the engines once, then each sync moves only data."""
-
-    def __init__(
-        self, workers: list, *, timeout_s: float, bucket_mb: float = 256.0, backend: str = "gloo"
-    ):
-        self.workers, self.timeout_s = workers, timeout_s
-        self.bucket_bytes = int(bucket_mb * 2**20)
-        self.backend = backend
-        self.learner = None
+    def __init__(self, rollout, bucket_bytes: int, backend: str = "gloo"):
+        self.rollout, self.bucket_bytes, self.backend = rollout, bucket_bytes, backend
+        self.generation = -1  # the group's generation; -1: none open
+        self.stale = True
         self.bytes_sent = 0
 
     def connect(self, learner) -> None:
         """Open the sync group: learner rank 0 is rank 0, then each engine worker's processes
         (one per tensor-parallel shard) in worker order."""
+        rollout, timeout_s = self.rollout, self.rollout.cfg.timeout_s
         specs = learner.weight_specs()
         host, port = learner.sync_address()
-        sizes = get(
-            [w.weight_sync_ranks.remote() for w in self.workers],
-            timeout_s=self.timeout_s,
-            what="engine ranks",
-        )
+        sizes = rollout.weight_sync_ranks()
         first = [1 + sum(sizes[:i]) for i in range(len(sizes))]
-        world = 1 + sum(sizes)
-        refs = learner.open_weight_group(
-            host, port, world, self.backend, self.timeout_s, self.bucket_bytes
+        self.generation += 1
+        group = SyncGroup(
+            host, port, 1 + sum(sizes), self.backend, timeout_s, self.bucket_bytes, self.generation
         )
-        refs += [
-            w.open_weight_group.remote(
-                host,
-                port,
-                first[i],
-                world,
-                self.backend,
-                self.timeout_s,
-                specs,
-                self.bucket_bytes,
-            )
-            for i, w in enumerate(self.workers)
-        ]
-        get(refs, timeout_s=self.timeout_s, what=f"opening the weight-sync group ({world} ranks)")
-        self.learner = learner
+        refs = learner.open_weight_group(group) + rollout.open_weight_group(group, first, specs)
+        get(refs, timeout_s=timeout_s, what=f"opening the weight-sync group ({group.world_size} "
+            f"ranks, generation {group.generation})")  # fmt: skip
+        self.stale = False
 
-    def sync_from(self, learner, version: int, on_death=None) -> float:
-        """(A dead engine stops the sync with an error: the group would have to be re-opened
-        with every engine; restarts need rollout.weight_sync=object_store.)"""
-        t0 = time.perf_counter()
-        if self.learner is not learner:
+    def sync(self, learner, version: int) -> None:
+        """(A worker found dead first is restarted and the group rebuilt; one that dies during
+        the broadcast stops the sync with an error.)"""
+        self.rollout.check_alive()  # restarts the dead: they make the group stale
+        if self.stale:
             self.connect(learner)
-        refs = learner.broadcast_weights(version)
-        refs += [w.receive_weights.remote(version) for w in self.workers]
-        sent = get(refs, timeout_s=self.timeout_s, what=f"weight sync (version {version})")
+        refs = learner.broadcast_weights(version) + self.rollout.receive_weights(version)
+        sent = get(refs, timeout_s=self.rollout.cfg.timeout_s, what=f"weight sync (version "
+                   f"{version})")  # fmt: skip
         self.bytes_sent = int(sent[0])
+
+    def restore(self, learner, worker: int, version: int) -> None:
+        ObjectStoreTransport(self.rollout, self.bucket_bytes).restore(learner, worker, version)
+        self.stale = True  # the new worker is in no group: everyone rejoins at the next sync
+
+
+class WeightSync:
+    """Learner rank 0's weights -> every engine, by ``rollout.weight_sync``; owns both ends.
+    ``sleeps``: the engines sleep during the update (colocated on GPUs)."""
+
+    def __init__(self, rollout, learner, sleeps: bool = False):
+        cfg = rollout.cfg
+        bucket_bytes = int(cfg.weight_sync_bucket_mb * 2**20)
+        if cfg.weight_sync == "collective":
+            self.transport = CollectiveTransport(rollout, bucket_bytes, weight_sync_backend(cfg))
+        else:
+            self.transport = ObjectStoreTransport(rollout, bucket_bytes)
+        self.rollout, self.learner, self.sleeps = rollout, learner, sleeps
+        self.version = 0  # the policy version every engine holds
+        rollout.on_restart = self.restore
+
+    def before_update(self) -> None:
+        if self.sleeps:  # the engines free the memory the update needs
+            self.rollout.sleep()
+
+    def after_update(self, version: int) -> float:
+        """Wake the engines' weights, sync ``version`` into them, wake their KV cache; returns
+        the seconds of the sync."""
+        if self.sleeps:
+            self.rollout.wake_up(["weights"])
+        seconds = self.sync(version)
+        if self.sleeps:
+            self.rollout.wake_up(["kv_cache"])
+        return seconds
+
+    def sync(self, version: int) -> float:
+        """Seconds until every engine holds ``version``."""
+        t0 = time.perf_counter()
+        self.transport.sync(self.learner, version)
+        self.version = version
         return time.perf_counter() - t0
 
-    def push(self, named_tensors, version: int) -> float:
-        raise TypeError(
-            "the collective transport sends from learner rank 0 (sync_from(learner, version)); "
-            "a state dict from the driver goes through rollout.weight_sync=object_store"
-        )
+    def restore(self, worker: int) -> None:
+        """A restarted worker gets the version the other engines hold (version 0 is the model
+        it starts with)."""
+        if self.version:
+            self.transport.restore(self.learner, worker, self.version)
+        elif isinstance(self.transport, CollectiveTransport):
+            self.transport.stale = True
 
 
 def weight_sync_backend(cfg) -> str:
@@ -138,6 +137,3 @@ def weight_sync_backend(cfg) -> str:
     if cfg.weight_sync_backend != "auto":
         return cfg.weight_sync_backend
     return "nccl" if cfg.num_gpus_per_worker > 0 else "gloo"
-
-
-TRANSPORTS = {"object_store": ObjectStoreTransport, "collective": CollectiveTransport}

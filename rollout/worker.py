@@ -16,7 +16,6 @@ from rollout.actors import ActorDied, ActorGroupError, get, settle, spawn_actor_
 from rollout.config import RolloutConfig
 from rollout.seeding import derive_seed
 from rollout.types import Group, SamplingConfig
-from rollout.weight_sync import TRANSPORTS, ObjectStoreTransport, weight_sync_backend
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +93,12 @@ class RolloutWorker:
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         return self.engine.score(prompt_ids, response_ids)
 
-    def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> int:
-        self.engine.load_weights(named_tensors, version)
+    def load_weights(self, buckets: list, version: int) -> int:
+        """``buckets``: refs of ``{name: tensor}`` dicts in the object store, read one at a
+        time as the engine takes them."""
+        import ray
+
+        self.engine.load_weights((ray.get(ref) for ref in buckets), version)
         return version
 
     def policy_version(self) -> int:
@@ -105,8 +108,8 @@ class RolloutWorker:
         """Release the engine's device memory for the learner's update (colocated, GPU)."""
         getattr(self.engine, "sleep", lambda: None)()
 
-    def wake_up(self) -> None:
-        getattr(self.engine, "wake_up", lambda: None)()
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        getattr(self.engine, "wake_up", lambda tags: None)(tags)
 
     def pid(self) -> int:
         """This actor's process id (fault-injection tests kill it)."""
@@ -119,12 +122,8 @@ class RolloutWorker:
         """Processes of this engine in the sync group (its tensor-parallel size)."""
         return int(getattr(self.engine, "tensor_parallel_size", 1))
 
-    def open_weight_group(
-        self, host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
-    ) -> list[int]:
-        return self.engine.open_weight_group(
-            host, port, first_rank, world_size, backend, timeout_s, specs, bucket_bytes
-        )
+    def open_weight_group(self, group, first_rank: int, specs) -> list[int]:
+        return self.engine.open_weight_group(group, first_rank, specs)
 
     def receive_weights(self, version: int) -> int:
         self.engine.receive_weights(version)
@@ -156,17 +155,12 @@ class RolloutGroup:
         self.sleep_mode = sleep_mode
         self.model_path, self.dtype, self.placement = model_path, dtype, placement
         self.workers = [self._spawn(i) for i in range(cfg.num_workers)]
-        self.learner = None  # set by sync_from: where a restarted worker gets its weights
-        self.version = 0  # the policy version every engine holds
+        # called with a restarted worker's index: gives it the weights the others hold
+        # (rollout/weight_sync.py WeightSync sets it); None: the model it starts with
+        self.on_restart = None
         self.restarts = 0  # workers restarted (rollout.max_restarts bounds it)
         self.regenerated = 0  # prompts whose generation was lost with a worker and redone
         self._ready = [w.ready.remote() for w in self.workers]
-        self.transport = TRANSPORTS[cfg.weight_sync](
-            self.workers,
-            timeout_s=cfg.timeout_s,
-            bucket_mb=cfg.weight_sync_bucket_mb,
-            backend=weight_sync_backend(cfg),
-        )
         if wait:
             self.wait_ready()
 
@@ -189,8 +183,8 @@ class RolloutGroup:
 
     def restart(self, i: int, why: str) -> None:
         """Replace dead worker ``i`` (same resources, same placement bundle) and give it the
-        weights of the version the other engines hold (from the learner; version 0 is the
-        model it starts with). At most ``rollout.max_restarts`` per run."""
+        weights the other engines hold (:attr:`on_restart`). At most ``rollout.max_restarts``
+        per run."""
         import contextlib
 
         import ray
@@ -204,15 +198,28 @@ class RolloutGroup:
         self.workers[i] = self._spawn(i)
         get([self.workers[i].ready.remote()], timeout_s=self.cfg.start_timeout_s,
             what=f"restarting rollout worker {i}")  # fmt: skip
-        if self.version:
-            if self.learner is None:
-                raise ActorGroupError(f"{why}: no learner to restore version {self.version} from")
-            get(
-                [self.workers[i].load_weights.remote(self.learner.export_weights_ref(),
-                                                     self.version)],
+        if self.on_restart is not None:
+            self.on_restart(i)
+
+    def _call_all(self, method: str, *args, what: str, workers: list[int] | None = None) -> dict:
+        """``method(*args)`` on every worker (or ``workers``); one that died is restarted and
+        asked again. Returns ``{worker: result}``."""
+        todo = list(range(len(self.workers))) if workers is None else list(workers)
+        out = {}
+        while todo:
+            settled = settle(
+                {i: getattr(self.workers[i], method).remote(*args) for i in todo},
                 timeout_s=self.cfg.timeout_s,
-                what=f"weights for restarted rollout worker {i}",
-            )  # fmt: skip
+                what=what,
+            )
+            todo = []
+            for i, result in settled.items():
+                if isinstance(result, ActorDied):
+                    self.restart(i, f"died in {what}")
+                    todo.append(i)
+                else:
+                    out[i] = result
+        return out
 
     def wait_ready(self) -> list[str]:
         """Wait (``rollout.start_timeout_s``) until every engine is up; returns their names."""
@@ -248,29 +255,40 @@ class RolloutGroup:
                     del calls[i]
         return [group for i in sorted(parts) for group in parts[i]]
 
-    def push_weights(self, named_tensors, version: int) -> float:
-        """Load new weights (a state dict, or an ObjectRef to one) into every engine through the
-        object store (any transport's engines take this); returns the sync time in seconds."""
-        seconds = ObjectStoreTransport(self.workers, timeout_s=self.cfg.timeout_s).push(
-            named_tensors, version
-        )
-        self.version = version
-        return seconds
+    def load_weights(self, buckets: list, version: int, workers: list[int] | None = None) -> None:
+        """Every engine (or ``workers``) loads the weights whose buckets' refs are given
+        (rollout/weight_sync.py); a worker that died meanwhile is restarted and loads them."""
+        self._call_all("load_weights", buckets, version, workers=workers,
+                       what=f"weight sync (version {version})")  # fmt: skip
 
-    def sync_from(self, learner, version: int) -> float:
-        """Learner rank 0's weights into every engine by ``rollout.weight_sync``; seconds. A
-        worker found dead is restarted with them (object store transport)."""
-        self.learner, self.version = learner, version
-        return self.transport.sync_from(
-            learner, version, on_death=lambda i: self.restart(i, "died before a weight sync")
-        )
+    def check_alive(self) -> None:
+        """Restart any worker that died since the last call."""
+        self._call_all("policy_version", what="a liveness check")
+
+    # the collective transport's calls (rollout/weight_sync.py): refs it waits on with the learner's
+
+    def weight_sync_ranks(self) -> list[int]:
+        """Per worker, its processes in the sync group (its tensor-parallel size)."""
+        return get([w.weight_sync_ranks.remote() for w in self.workers],
+                   timeout_s=self.cfg.timeout_s, what="engine ranks")  # fmt: skip
+
+    def open_weight_group(self, group, first_ranks: list[int], specs) -> list:
+        return [
+            w.open_weight_group.remote(group, first, specs)
+            for w, first in zip(self.workers, first_ranks, strict=True)
+        ]
+
+    def receive_weights(self, version: int) -> list:
+        return [w.receive_weights.remote(version) for w in self.workers]
 
     def sleep(self) -> None:
         """Every engine releases its device memory (vLLM sleep mode; colocated on GPUs)."""
         get([w.sleep.remote() for w in self.workers], timeout_s=self.cfg.timeout_s, what="sleep")
 
-    def wake_up(self) -> None:
-        get([w.wake_up.remote() for w in self.workers], timeout_s=self.cfg.timeout_s, what="wake")
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """``tags``: what to wake (vLLM's "weights", "kv_cache"); None: everything."""
+        get([w.wake_up.remote(tags) for w in self.workers], timeout_s=self.cfg.timeout_s,
+            what="wake")  # fmt: skip
 
     def policy_versions(self) -> list[int]:
         return get(

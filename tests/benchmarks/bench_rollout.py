@@ -28,9 +28,13 @@ class Sink:
     def __init__(self, shapes: dict[str, tuple[int, ...]]):
         self.buffers = {k: torch.empty(s) for k, s in shapes.items()}
 
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
-        for k, v in weights.items():
-            self.buffers[k].copy_(v)
+    def load_weights(self, buckets: list, version: int) -> int:
+        """``buckets``: refs of ``{name: tensor}`` dicts, as a rollout worker gets them."""
+        import ray
+
+        for ref in buckets:
+            for k, v in ray.get(ref).items():
+                self.buffers[k].copy_(v)
         return version
 
 
@@ -54,7 +58,6 @@ def main() -> None:
     from rollout.hf_engine import HFEngine
     from rollout.types import SamplingConfig
     from rollout.vllm_engine import VLLMEngine
-    from rollout.weight_sync import ObjectStoreTransport
     from rollout.worker import RolloutGroup
 
     torch.set_num_threads(1)
@@ -76,16 +79,20 @@ def main() -> None:
     print("2. weight sync through the Ray object store")
     group = RolloutGroup(RolloutConfig(engine="vllm", num_workers=1, max_model_len=64), path)
     big = {f"w{i}": torch.randn(1024, 1024) for i in range(25)}  # 25 x 4 MiB = 100 MiB fp32
-    for name, weights, target in (
-        ("tiny -> vllm worker", sd, group.transport),
-        ("100 MiB -> sink actor", big, None),
+    sink = ray.remote(num_cpus=1)(Sink).remote({k: tuple(v.shape) for k, v in big.items()})
+
+    def push(load, weights, version) -> float:  # one bucket: ray.put, then the actor loads it
+        t0 = time.perf_counter()
+        load([ray.put(weights)], version)
+        return time.perf_counter() - t0
+
+    for name, weights, load in (
+        ("tiny -> vllm worker", sd, group.load_weights),
+        ("100 MiB -> sink actor", big, lambda b, v: ray.get(sink.load_weights.remote(b, v))),
     ):
-        if target is None:
-            sink = ray.remote(num_cpus=1)(Sink).remote({k: tuple(v.shape) for k, v in big.items()})
-            target = ObjectStoreTransport([sink], timeout_s=300)
         mib = sum(v.numel() * v.element_size() for v in weights.values()) / 2**20
-        target.push(weights, 0)  # warm-up
-        sync = statistics.median(target.push(weights, v) for v in range(1, 4))
+        push(load, weights, 0)  # warm-up
+        sync = statistics.median(push(load, weights, v) for v in range(1, 4))
         dst = {k: torch.empty_like(v) for k, v in weights.items()}
         t0 = time.perf_counter()
         for k, v in weights.items():

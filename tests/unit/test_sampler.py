@@ -276,8 +276,16 @@ class FakeRollout:
             out.append(Group(prompt=p, prompt_ids=[0], samples=samples))
         return out
 
-    def sync_from(self, learner, version):
+
+class FakeWeights:
+    def before_update(self):
         pass
+
+    def after_update(self, version):
+        return 0.0
+
+    def sync(self, version):
+        return 0.0
 
 
 class FakeLearner:
@@ -297,7 +305,7 @@ def _trainer(cfg: TrainConfig, problems, pattern) -> Trainer:
     t = Trainer.__new__(Trainer)  # the driver's logic only: no Ray, no actors
     t.cfg, t.rollout, t.learner, t.verify = cfg, FakeRollout(pattern), FakeLearner(), _verify
     t.verifier_restarts = 0
-    t.pending, t.one_step, t.sleeps = None, False, False  # sync loop on CPU
+    t.pending, t.one_step, t.weights = None, False, FakeWeights()  # sync loop on CPU
     t.sampler = make_sampler(problems, cfg.trainer)
     t.stage = AdvantageStage(
         cfg.algorithm,
