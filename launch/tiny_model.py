@@ -49,12 +49,16 @@ class TinyConfig:
         return None
 
 
-def build_tokenizer():
-    """A character-level fast tokenizer with BOS added, EOS, pad and a plain chat template."""
+def build_tokenizer(vocab_size: int | None = None):
+    """A character-level fast tokenizer with BOS added, EOS, pad and a plain chat template;
+    ``vocab_size``: padded with ``<extra_i>`` tokens to that many (a model of a real vocabulary's
+    size that samples any id, tests/gpu/check_learner_gpu.py)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + ALPHABET)}
+    tokens = SPECIALS + ALPHABET
+    tokens += [f"<extra_{i}>" for i in range((vocab_size or 0) - len(tokens))]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()

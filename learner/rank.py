@@ -227,15 +227,18 @@ class LearnerRank:
         self._listeners: dict[int, socket.socket] = {}  # rank 0: bound rendezvous ports
         torch.set_num_threads(threads or max(1, int(cfg.num_cpus_per_rank)))
 
-    def address(self) -> tuple[str, int]:
+    def address(self, host: str | None = None) -> tuple[str, int]:
         """A rendezvous address on this rank's node (called on rank 0, once per store it will
-        host: DeepSpeed's process group, the weight-sync group). The port is bound here, on the
-        node's IP only (127.0.0.1 for a loopback local Ray), and kept until the store takes it."""
-        import ray
-
+        host: DeepSpeed's process group, the weight-sync group). The port is bound here, on
+        ``host`` only (default: the node's IP as Ray knows it, 127.0.0.1 for a loopback local
+        Ray), and kept until the store takes it."""
         from rollout.collective import listen_socket
 
-        sock = listen_socket(ray.util.get_node_ip_address())
+        if host is None:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        sock = listen_socket(host)
         host, port = sock.getsockname()[:2]
         self._listeners[port] = sock
         return host, port
@@ -593,7 +596,7 @@ class LearnerRank:
             self.sender = open_sender(group, specs, self._listener(group.port))
         return self.rank
 
-    def _gathered_buckets(self, buckets: list[list[int]]):
+    def gathered_buckets(self, buckets: list[list[int]]):
         """Per bucket, its ``(name, parameter)`` pairs with full data: under ZeRO-3 gathered
         bucket by bucket (at most one bucket beyond the shards at a time), on every rank at the
         same time; the data is valid until the next bucket is asked for."""
@@ -624,7 +627,7 @@ class LearnerRank:
 
         specs = [TensorSpec(n, d, s) for n, d, s in self.weight_specs()]
         refs = []
-        for named in self._gathered_buckets(plan_buckets(specs, bucket_bytes)):
+        for named in self.gathered_buckets(plan_buckets(specs, bucket_bytes)):
             if self.rank == 0:
                 refs.append(ray.put({n: p.data.detach().to("cpu", copy=True) for n, p in named}))
         return refs if self.rank == 0 else None
@@ -636,7 +639,7 @@ class LearnerRank:
         sent = 0
         if self.sender is not None:
             self.sender.send_header(version)
-        for named in self._gathered_buckets(self.sync_buckets):
+        for named in self.gathered_buckets(self.sync_buckets):
             if self.sender is not None:
                 sent += self.sender.send_bucket([p.data for _, p in named])
         return sent
