@@ -282,6 +282,22 @@ def unpack_tensors(packed) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, data.view(getattr(torch, dtype)).reshape(tuple(shape))
 
 
+def checksum(tensors: Iterable[torch.Tensor]) -> tuple[float, float]:
+    """``(sum, sum of squares)`` of every element, in float64: equal for the same weights in
+    any layout that only concatenates tensors (vLLM fuses q/k/v and gate/up), so an engine's
+    weights can be compared with the learner's without moving them.
+
+    >>> checksum([torch.tensor([1.0, -2.0]), torch.tensor([[3.0]])])
+    (2.0, 14.0)
+    """
+    total, squares = 0.0, 0.0
+    for t in tensors:
+        x = t.detach().double()
+        total += float(x.sum())
+        squares += float((x * x).sum())
+    return total, squares
+
+
 def drain(items: Iterable) -> int:
     """Consume what a loader left (every bucket must be received, or the sender hangs)."""
     return sum(1 for _ in items)
@@ -336,6 +352,10 @@ class VLLMWeightSyncExtension:
         staged, self.avspo_staged = getattr(self, "avspo_staged", None) or [], []
         reload_in_place(self, staged)
         return len(staged)
+
+    def avspo_checksum(self) -> tuple[float, float]:
+        model = self.get_model() if hasattr(self, "get_model") else self.model_runner.model
+        return checksum(p for _, p in model.named_parameters())
 
     def avspo_receive_weights(self, version: int) -> int:
         items = self.avspo_receiver.receive(version)

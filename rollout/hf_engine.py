@@ -142,6 +142,12 @@ class HFEngine:
             )
         self.policy_version = version
 
+    def weights_checksum(self) -> tuple[float, float]:
+        """rollout/collective.py ``checksum`` of the model's parameters."""
+        from rollout.collective import checksum
+
+        return checksum(p for _, p in self.model.named_parameters())
+
     def open_weight_group(self, group, first_rank: int, specs) -> list[int]:
         """Join the collective weight-sync group (rollout/collective.py) as one rank."""
         from rollout.collective import open_receiver

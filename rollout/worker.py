@@ -104,6 +104,10 @@ class RolloutWorker:
     def policy_version(self) -> int:
         return self.engine.policy_version
 
+    def weights_checksum(self) -> tuple[float, float]:
+        """A diagnostic: (sum, sum of squares) of the engine's weights (rollout/collective.py)."""
+        return self.engine.weights_checksum()
+
     def sleep(self) -> None:
         """Release the engine's device memory for the learner's update (colocated, GPU)."""
         getattr(self.engine, "sleep", lambda: None)()
@@ -296,6 +300,12 @@ class RolloutGroup:
             timeout_s=self.cfg.timeout_s,
             what="policy versions",
         )
+
+    def weights_checksums(self) -> list[tuple[float, float]]:
+        """Per engine, (sum, sum of squares) of its weights: equal to the learner's
+        (rollout/collective.py ``checksum`` of its export) after a sync."""
+        return get([w.weights_checksum.remote() for w in self.workers],
+                   timeout_s=self.cfg.timeout_s, what="weight checksums")  # fmt: skip
 
     def score(self, prompt_ids: list[int], response_ids: list[int], worker: int = 0) -> list[float]:
         return get(

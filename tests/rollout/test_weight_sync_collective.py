@@ -198,6 +198,7 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
         assert sync.transport.generation == 1 and rollout.policy_versions() == [2, 2]
         state = learner.export_weights()
         scores = [torch.tensor(rollout.score(prompt_ids, response_ids, w)) for w in range(2)]
+        sums = rollout.weights_checksums()
         ray.kill(rollout.workers[0])
         sync.sync(version=3)
         assert sync.transport.generation == 2 and rollout.policy_versions() == [3, 3]
@@ -207,6 +208,9 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
         learner.shutdown()
     assert texts(after) == texts(before)
     model.load_state_dict(state)
+    from rollout.collective import checksum
+
+    assert sums == [checksum(p for _, p in model.named_parameters())] * 2  # same order: exact
     expected = _forward_logprobs(model, prompt_ids, response_ids)
     for got in scores:
         assert torch.allclose(got, expected, atol=1e-4)
