@@ -1,7 +1,7 @@
 """Advantage Collapse Rate (ACR): per-step collapse statistics and the run-long monitor.
 
-Math (DESIGN.md sections 4-5; paper arXiv 2605.21125, Eq. 4/11). A step has groups j = 1..N,
-group j holds the real rewards R_j = (r_j1..r_jG) of the G samples of one prompt.
+Math (docs/ARCHITECTURE.md sections 4-5; paper arXiv 2605.21125, Eq. 4/11). A step has groups j =
+1..N, group j holds the real rewards R_j = (r_j1..r_jG) of the G samples of one prompt.
 
 - Group j is *collapsed* when ``sigma_pop(R_j) < tau`` (population std, tau = 1e-6) or G = 1:
   GRPO's advantages, and so its gradient, vanish for it.
@@ -71,7 +71,7 @@ class CollapseStats:
 def collapse_stats(
     rewards: Tensor, group_ids: Tensor, *, tau: float = 1e-6, r_lo: float = 0.0
 ) -> CollapseStats:
-    """Which groups are collapsed, and ACR with its strata (DESIGN.md section 9)."""
+    """Which groups are collapsed, and ACR with its strata (docs/ARCHITECTURE.md section 9)."""
     rewards = _as_float(rewards)
     groups = segment_groups(group_ids)
     if group_ids.numel() != rewards.numel():
@@ -116,9 +116,10 @@ def _raise_non_finite(rewards: Tensor) -> None:
 
 @dataclass
 class MonitorConfig:
-    """The ACR monitor's settings (the ``acr`` node of the run config; defaults per DESIGN.md).
-    The collapse threshold is ``algorithm.tau`` and the stratum floor the task's lowest reward:
-    both are given to :class:`ACRMonitor` by its owner, not configured twice."""
+    """The ACR monitor's settings (the ``acr`` node of the run config; defaults per
+    docs/ARCHITECTURE.md section 5). The collapse threshold is ``algorithm.tau`` and the stratum
+    floor the task's lowest reward: both are given to :class:`ACRMonitor` by its owner, not
+    configured twice."""
 
     ema_beta: float = field(default=0.9, metadata={"ge": 0.0, "lt": 1.0})
     window: int = field(default=100, metadata={"ge": 1})
@@ -134,7 +135,7 @@ class MonitorConfig:
 
 
 class ACRMonitor:
-    """Turns each step's rewards and advantages into the metrics of DESIGN.md section 5.
+    """Turns each step's rewards and advantages into the metrics of docs/ARCHITECTURE.md section 5.
 
     Call :meth:`update` once per training step with that step's real rewards, the advantages
     the advantage stage produced, group ids and response lengths (tokens). All per-step math is

@@ -2,7 +2,7 @@
 
 ``diagnostics.report.load_run`` calls :func:`find_format` and, for a TRL or verl log,
 :func:`load_external`; what comes back is the structure our own ``metrics.jsonl`` gives (step ->
-metrics under *our* names, DESIGN.md section 5), so ``summarize``, the run report and the
+metrics under *our* names, docs/ARCHITECTURE.md section 5), so ``summarize``, the run report and the
 cross-run fit treat these runs like ours. Only the names below are read; everything else in the
 log is ignored. A value that is null or non-finite is dropped; any other non-number in a key that
 is read is an error. Bad input raises :class:`RunDataError` naming the file and the entry

@@ -123,7 +123,8 @@ def segment_moments(values: Tensor, groups: Groups) -> tuple[Tensor, Tensor]:
 
 
 def collapsed_groups(m2: Tensor, size: Tensor, tau: float) -> Tensor:
-    """Collapse test of DESIGN.md section 4: ``sigma_pop < tau`` or a single sample -> ``[M]`` bool.
+    """Collapse test of docs/ARCHITECTURE.md section 4: ``sigma_pop < tau`` or a single sample ->
+    ``[M]`` bool.
 
     ``sigma_pop = sqrt(m2 / G) < tau``, tested as ``m2 < tau^2 * G`` (no division or root).
     """

@@ -1,4 +1,5 @@
-"""``python -m launch.analyze RUN_DIR... [--out DIR]``: ACR reports of runs (DESIGN.md section 9).
+"""``python -m launch.analyze RUN_DIR... [--out DIR]``: ACR reports of runs (docs/ARCHITECTURE.md
+section 9).
 
 Writes each run's ``report.md`` and PNG plots into its run directory (diagnostics/report.py);
 with two or more runs also ``cross_run.md`` and ``acr100_vs_accuracy.png``: final accuracy

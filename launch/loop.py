@@ -1,4 +1,5 @@
-"""The driver loop (DESIGN.md section 2): it asks each stage for its output and hands it on.
+"""The driver loop (docs/ARCHITECTURE.md section 2): it asks each stage for its output and hands it
+on.
 
     prompts -> rollout workers (n per prompt) -> verifier pool -> advantage stage + ACR monitor
     (driver-side, pure torch) -> learner group (update) -> weight sync (policy version v+1)

@@ -1,4 +1,4 @@
-"""``python -m launch.train [hydra overrides]``: the main job (DESIGN.md section 9).
+"""``python -m launch.train [hydra overrides]``: the main job (docs/ARCHITECTURE.md section 9).
 
 Composes and validates the whole config first (an unknown key or bad value stops it with one
 message naming the key, before any actor starts), then runs the driver loop (launch/loop.py):

@@ -1,9 +1,9 @@
 r"""Group-relative advantage estimators: GRPO, Dr. GRPO, RLOO, AVSPO and DCPO, looked up by name.
 
-Notation (DESIGN.md section 4): group j holds the real rewards R_j = (r_j1..r_jG) of one prompt's
-G samples (G may differ between groups). ``std`` is the unbiased std unless ``unbiased=False``.
-A group is *collapsed* when ``sigma_pop(R_j) < tau`` or G = 1 (see ``diagnostics/acr.py``), and
-``ACR_t`` is the share of collapsed groups in the step.
+Notation (docs/ARCHITECTURE.md section 4): group j holds the real rewards R_j = (r_j1..r_jG) of one
+prompt's G samples (G may differ between groups). ``std`` is the unbiased std unless
+``unbiased=False``. A group is *collapsed* when ``sigma_pop(R_j) < tau`` or G = 1 (see
+``diagnostics/acr.py``), and ``ACR_t`` is the share of collapsed groups in the step.
 
 - ``grpo``:    A_ji = (r_ji - mean(R_j)) / (std(R_j) + eps)
 - ``dr_grpo``: A_ji = r_ji - mean(R_j)                                  (no std division)
@@ -37,8 +37,9 @@ written relative to r_lo and the range so that it equals the paper's exactly for
 that float rounding of an exact integer (e.g. 8 * 0.25 ** 0.5) does not add a sample; a fixed
 ``k`` is clipped to G_j like the adaptive one.
 
-Worked example (DESIGN.md): G = 8 all correct, ACR_t = 0.5 > tau_adapt = 0.3 -> K = 6,
-v = 6/7..1/7, union mean 11/14, real advantage 0.7276 (population std) / 0.7011 (unbiased):
+Worked example (docs/ARCHITECTURE.md section 4): G = 8 all correct, ACR_t = 0.5 > tau_adapt = 0.3
+-> K = 6, v = 6/7..1/7, union mean 11/14, real advantage 0.7276 (population std) / 0.7011
+(unbiased):
 
 >>> r = torch.tensor([1.0] * 8 + [0.0, 1.0] * 4, dtype=torch.float64)
 >>> g = torch.tensor([0] * 8 + [1] * 8)
@@ -360,7 +361,8 @@ def avspo_release_advantages(
     unbiased: bool = True,
     scope: str = "group",
 ) -> AdvantageResult:
-    """The authors' released AVSPO rule (their TRL fork; DESIGN.md section 4, ``avspo_release``).
+    """The authors' released AVSPO rule (their TRL fork; docs/ARCHITECTURE.md section 4,
+    ``avspo_release``).
 
     The fork checks its *batch*: only when every reward of it equals r_lo (or every one equals
     r_hi; exact float equality, the rewards being binary) does the rule fire, and each group j

@@ -1,7 +1,7 @@
 """The advantage stage: the driver's own stage between reward collection and the update.
 
-DESIGN.md section 2: one pure-torch object (no Ray) that sees every generated group of a step,
-before any filtering, and hands the learner a finished batch. :meth:`AdvantageStage.process`
+docs/ARCHITECTURE.md section 2: one pure-torch object (no Ray) that sees every generated group of a
+step, before any filtering, and hands the learner a finished batch. :meth:`AdvantageStage.process`
 takes the step's groups and verdicts and
 
 1. turns verdict scores into rewards (plus DAPO's overlong penalty when

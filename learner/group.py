@@ -38,7 +38,7 @@ class LearnerGroup:
     ):
         """``loss`` is the algorithm's loss config with ``norm_len`` resolved (the driver sets
         it to the max response length for Dr. GRPO); ``temperature`` is the sampling
-        temperature, by which the ranks divide their logits (DESIGN.md section 4).
+        temperature, by which the ranks divide their logits (docs/ARCHITECTURE.md section 4).
         ``resources``: (CPUs, GPUs) each rank asks Ray for (default: the config's); ``threads``:
         torch threads per rank (launch/cluster.py ``plan_threads``)."""
         num_cpus, num_gpus = resources or (cfg.num_cpus_per_rank, cfg.num_gpus_per_rank)

@@ -6,8 +6,8 @@ The engines sample from softmax(z / T) and report the log-probs of that distribu
 
     logp_t = log_softmax(z_{t-1} / T)[x_t],   H_t = -sum_v p_v log p_v,  p = softmax(z_{t-1} / T)
 
-for the current, old and reference policies alike (DESIGN.md section 4). Position 0 gets 0, and
-so does every position outside ``token_mask`` when one is given (the learner scores response
+for the current, old and reference policies alike (docs/ARCHITECTURE.md section 4). Position 0 gets
+0, and so does every position outside ``token_mask`` when one is given (the learner scores response
 tokens only: prompt and padding positions never enter the loss).
 
 Memory (``learner.logits``): at real vocabularies the logits are the learner's largest buffer

@@ -63,7 +63,7 @@ CLIP_MODES = ("fixed", "dynamic")
 
 @dataclass
 class LossConfig:
-    """PPO-style policy loss settings (defaults as DESIGN.md section 4 and the paper)."""
+    """PPO-style policy loss settings (defaults as docs/ARCHITECTURE.md section 4 and the paper)."""
 
     clip_low: float = field(default=0.2, metadata={"ge": 0.0, "lt": 1.0})
     clip_high: float = field(default=0.2, metadata={"ge": 0.0})

@@ -17,7 +17,8 @@ def verify(
     timeout_s: float = 2.0,
     lowest: float = 0.0,
 ) -> list[Verdict]:
-    """Score each response against its reference in killable worker processes (DESIGN.md 9).
+    """Score each response against its reference in killable worker processes (docs/ARCHITECTURE.md
+    section 9).
 
     ``verifier`` names a verifier of :data:`reward.verifiers.VERIFIERS`: ``numeric``, ``math``,
     ``reasoning_gym``, ``choice`` (an option letter A-J), or the boxed-only variant of one,

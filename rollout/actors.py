@@ -1,6 +1,7 @@
 """Ray helpers shared by every stage: spawn a group of actors, and wait on them with a timeout.
 
-Only actor wrappers and the driver import Ray (DESIGN.md section 3); algorithm code never does.
+Only actor wrappers and the driver import Ray (docs/ARCHITECTURE.md section 3); algorithm code
+never does.
 """
 
 from __future__ import annotations

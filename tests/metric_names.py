@@ -1,5 +1,5 @@
-"""The metric names of DESIGN.md section 5, written out from the design page (not imported from
-the code, so that a renamed metric fails the tests)."""
+"""The metric names of docs/ARCHITECTURE.md section 5, written out from docs/ARCHITECTURE.md (not
+imported from the code, so that a renamed metric fails the tests)."""
 
 ACR = frozenset(
     {

@@ -1,4 +1,5 @@
-"""Slow, loop-over-groups reference implementations, written straight from DESIGN.md section 4.
+"""Slow, loop-over-groups reference implementations, written straight from docs/ARCHITECTURE.md
+section 4.
 
 They share no code with ``learner/advantage.py`` or ``diagnostics/`` (plain Python floats and the
 ``statistics`` module), so agreement between the two is evidence, not tautology.

@@ -393,7 +393,7 @@ def test_dapo_dynamic_sampling_with_real_actors(tmp_path, tiny_model_dir):
         assert 1 <= rounds <= max_rounds
         assert r["dapo/generated_groups"] == rounds * per_step
         informative = r["dapo/informative_groups"]
-        # acr/raw describes everything generated, before the filter (DESIGN 5)
+        # acr/raw describes everything generated, before the filter (docs/ARCHITECTURE.md section 5)
         assert r["acr/raw"] == pytest.approx(1 - informative / r["dapo/generated_groups"])
         if informative >= per_step:
             assert r["acr/trained"] == 0.0  # only informative groups were trained on

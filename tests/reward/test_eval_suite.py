@@ -1,6 +1,6 @@
-r"""The paper's evaluation suite from local files in their published layouts (DESIGN.md 10):
-Minerva-Math, OlympiadBench, AMC23, AIME24, MMLU-Pro (and MATH-500); the ``choice`` verifier;
-boxed-only answer extraction; the presets through Hydra."""
+r"""The paper's evaluation suite from local files in their published layouts (docs/ARCHITECTURE.md
+section 10): Minerva-Math, OlympiadBench, AMC23, AIME24, MMLU-Pro (and MATH-500); the ``choice``
+verifier; boxed-only answer extraction; the presets through Hydra."""
 
 from __future__ import annotations
 

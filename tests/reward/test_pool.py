@@ -66,7 +66,8 @@ def test_crash_and_exception_are_errors(pool):
 
 
 def test_failures_score_the_lowest_reward(pool):
-    # DESIGN 6: a timeout, crash or error gives the task's lowest reward, not 0.
+    # docs/ARCHITECTURE.md section 6: a timeout, crash or error gives the task's lowest reward, not
+    # 0.
     hang = pool.verify(["30", "0"], ["", ""], verifier="_test_sleep", timeout_s=0.3, lowest=-1.0)
     assert hang == [Verdict(-1.0, "timeout"), Verdict(1.0, "ok")]
     assert pool.verify([""], [""], verifier="_test_raise", lowest=-1.0) == [Verdict(-1.0, "error")]

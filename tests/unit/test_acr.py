@@ -1,4 +1,4 @@
-"""ACR statistics and the monitor (DESIGN.md section 5)."""
+"""ACR statistics and the monitor (docs/ARCHITECTURE.md section 5)."""
 
 from __future__ import annotations
 

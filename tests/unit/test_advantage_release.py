@@ -1,4 +1,5 @@
-"""``avspo_release``: the authors' released AVSPO rule (DESIGN.md section 4), hand-computed."""
+"""``avspo_release``: the authors' released AVSPO rule (docs/ARCHITECTURE.md section 4),
+hand-computed."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ def test_every_algorithm_preset_composes(name):
 
 
 def test_default_is_avspo_fast_differing_from_the_paper_only_in_the_trigger():
-    """DESIGN.md section 8: the embedded default may move the trigger faster; nothing else."""
+    """docs/ARCHITECTURE.md section 8: the embedded default may move the trigger faster; nothing
+    else."""
     from dataclasses import asdict
 
     fast, paper = asdict(load().algorithm), asdict(load("algorithm=avspo").algorithm)
@@ -281,8 +282,8 @@ def test_a_real_model_with_the_tiny_models_limits_is_a_config_error(overrides, m
 
 @pytest.mark.parametrize("size", ["1.5b", "7b"])
 def test_paper_experiment_preset_has_the_papers_values(size):
-    """DESIGN.md section 10, value by value; it validates here (a GPU is needed only from the
-    point where the run reserves its GPU placement groups)."""
+    """docs/ARCHITECTURE.md section 10, value by value; it validates here (a GPU is needed only
+    from the point where the run reserves its GPU placement groups)."""
     cfg = load(f"experiment=paper_qwen2.5_math_{size}")
     assert cfg.model.name == f"qwen2.5-math-{size}" and cfg.model.dtype == "bfloat16"
     assert (cfg.task.name, cfg.task.answer_extraction, cfg.task.chat_template) == (
