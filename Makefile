@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (only Python 3.10+ and make needed):
 #   make train   # creates .venv, installs the CPU stack, runs `python -m launch.train`
 #   make test    # the test suite (what .ci/run runs) + ruff
+#   make test-fast  # no Ray: unit, property and doc tests
 # Extra Hydra overrides: make train ARGS="algorithm=grpo trainer.total_steps=20"
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train test lint bench clean
+.PHONY: setup train test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -33,6 +34,10 @@ test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# unit, property and doc tests: no Ray, no actors, no training run (day-to-day work)
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow and not ray" -q $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -6,11 +6,14 @@ import contextlib
 import dataclasses
 import glob
 import os
+from pathlib import Path
 
 import pytest
 
 from launch.bootstrap import ModelConfig, ensure_model
 from launch.tiny_model import TinyConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Rollout/learner tests need a model that emits EOS and mixes right and wrong answers, not a
 # good one: 0.86M parameters, 150 warm-start steps (~10 s).
@@ -53,16 +56,22 @@ def pytest_report_header(config) -> str:
     )
 
 
+RAY_DIRS = ("tests/e2e/", "tests/integration/")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need CUDA: skipped (with the reason) where there is none."""
+    """Tests marked ``gpu`` need CUDA: skipped (with the reason) where there is none. Tests that
+    start Ray (the ``ray_cluster`` fixture, end-to-end and integration tests) get the ``ray``
+    marker: ``make test-fast`` deselects them."""
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:  # the marker, not a word in the id
+        if skip is not None and item.get_closest_marker("gpu") is not None:  # not a word in the id
             item.add_marker(skip)
+        where = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        if "ray_cluster" in getattr(item, "fixturenames", ()) or where.startswith(RAY_DIRS):
+            item.add_marker(pytest.mark.ray)
 
 
 @pytest.fixture(scope="session")
