@@ -306,9 +306,6 @@ class ACRMonitor:
         self.prompt_history = {k: list(v) for k, v in state["prompt_history"].items()}
 
 
-VERDICT_REASONS = ("ok", "wrong", "no_answer", "timeout", "error")
-
-
 def verifier_metrics(reasons: list[str]) -> dict[str, float]:
     """``reward/verifier_error_frac`` and ``reward/verifier_timeout_frac`` of a step's verdicts.
 

@@ -44,7 +44,6 @@ from launch.cluster import actor_resources, init_ray, plan_threads, reserve
 from launch.config import ConfigError, TrainConfig, learner_seed
 from launch.heldout import evaluate
 from launch.prompts import render
-from launch.sampler import PromptSampler as PromptSampler  # re-exported (older imports)
 from launch.sampler import make_sampler, mixed_token_share
 from learner import checkpoint
 from learner.advantage_stage import AdvantageStage, informative_groups

@@ -208,5 +208,4 @@ def policy_loss(
         metrics["pg_loss"] = _masked_mean(pg, mask)
         metrics["pg_clipfrac"] = _masked_mean((surr_clipped > surr).to(mask.dtype), mask)
         metrics["approx_kl"] = _masked_mean(ratio - 1.0 - log_ratio, mask)  # k3 of KL(old||new)
-        metrics["ratio_mean"] = _masked_mean(ratio, mask)
     return LossOutput(loss=loss, metrics={k: v.detach() for k, v in metrics.items()})

@@ -10,7 +10,7 @@ import pytest
 
 from learner import checkpoint
 from tests.conftest import fast_tiny_overrides
-from tests.e2e.test_train_cli import rows, run_train
+from tests.e2e.runs import rows, run_train
 
 SHORT = [
     "rollout=hf",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fast_tiny_overrides
-from tests.e2e.test_train_cli import ROOT, _session_processes, rows, start_train
+from tests.e2e.runs import ROOT, rows, session_processes, start_train
 
 
 def listening() -> set[tuple[str, int, str]]:
@@ -131,5 +131,7 @@ def test_a_two_job_multirun_runs_both_in_one_process(tmp_path, tiny_model_dir):
         got = rows(job)
         assert {1, 2} <= set(got), job
         assert f"name: {algorithm}" in (job / "config.yaml").read_text()
-    time.sleep(2)  # Ray's daemons exit within a moment of the driver's ray.shutdown()
-    assert not _session_processes(proc.pid), _session_processes(proc.pid)
+    deadline = time.monotonic() + 30  # Ray's daemons exit within moments of ray.shutdown()
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not session_processes(proc.pid), session_processes(proc.pid)

@@ -14,7 +14,7 @@ from reward.tasks import Problem
 from reward.verifiers import Verdict
 from rollout.types import Group, Sample
 from tests.conftest import fast_tiny_overrides
-from tests.e2e.test_train_cli import deterministic, rows, run_train
+from tests.e2e.runs import deterministic, rows, run_train
 
 ONE_STEP = [
     "rollout=hf",

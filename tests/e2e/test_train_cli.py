@@ -18,9 +18,18 @@ import pytest
 from learner import checkpoint
 from reward.tasks import TaskConfig, make_task
 from tests.conftest import fast_tiny_overrides
+from tests.e2e.runs import (
+    ROOT,
+    deterministic,
+    rows,
+    run_train,
+    session_processes,
+    start_train,
+    train_cmd,
+    wait_for_row,
+)
 from tests.metric_names import SECTION5
 
-ROOT = Path(__file__).resolve().parents[2]
 STEP_KEYS = SECTION5 | {
     "acr/trained",
     "acr/acr100_steps",
@@ -48,64 +57,6 @@ STEP_KEYS = SECTION5 | {
     "timing_s/other",
     "timing_s/step",
 }
-
-
-def train_cmd(run_dir: Path, *overrides: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "launch.train",
-        f"trainer.run_dir={run_dir}",
-        f"hydra.run.dir={run_dir}/hydra",
-        *overrides,
-    ]
-
-
-TIMED_OUT: list[str] = []  # runs of this session that hit the limit
-
-
-def run_train(run_dir: Path, *overrides: str, env: dict | None = None) -> str:
-    """``launch.train`` in a subprocess (900 s at most). After one run of the session timed out,
-    the next fail at once: a machine that slow would take the CI past its own limit, and then no
-    failure is reported at all."""
-    if TIMED_OUT:
-        pytest.fail(f"not run: an earlier launch.train run timed out ({TIMED_OUT[0]})")
-    start = time.monotonic()
-    try:
-        out = subprocess.run(
-            train_cmd(run_dir, *overrides),
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-    except subprocess.TimeoutExpired as e:
-        tail = str(e.stdout or "")[-3000:] + str(e.stderr or "")[-3000:]
-        echo_failure(run_dir, f"timed out after {e.timeout:.0f} s", tail)
-        TIMED_OUT.append(str(run_dir))
-        raise
-    tail = out.stdout[-3000:] + out.stderr[-3000:]
-    if out.returncode != 0:
-        echo_failure(run_dir, f"exit {out.returncode} after {time.monotonic() - start:.0f} s", tail)
-    assert out.returncode == 0, tail
-    return out.stdout
-
-
-def echo_failure(run_dir: Path, what: str, tail: str) -> None:
-    """A failed run's tail, on the terminal at once: pytest shows captured output only in its
-    final summary, which a CI run that hits its time limit never prints."""
-    print(f"\n--- launch.train in {run_dir}: {what} ---\n{tail[-2000:]}\n---", file=sys.__stderr__)
-
-
-def rows(run_dir: Path) -> dict[int, dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r for r in map(json.loads, lines)}
-
-
-def deterministic(row: dict) -> dict:
-    """A row without wall-clock figures."""
-    return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/"))}
 
 
 @pytest.mark.slow
@@ -159,44 +110,6 @@ def whole_run(tmp_path_factory, tiny_model_dir) -> Path:
     return whole
 
 
-def start_train(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """A training run in its own session (its processes are findable and killable)."""
-    return subprocess.Popen(
-        train_cmd(run_dir, *overrides),
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def wait_for_row(proc: subprocess.Popen, run_dir: Path, step: int, deadline: float) -> None:
-    """Until ``step``'s metrics row is written (or the run ended, or the deadline passed)."""
-    while proc.poll() is None and time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and step in rows(run_dir):
-            return
-        time.sleep(0.05)
-
-
-def _session_processes(sid: int) -> list[str]:
-    """Live processes of session ``sid`` (a run started with start_new_session=True)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getsid(int(entry.name)) != sid:
-                continue
-            stat = (entry / "stat").read_text()
-            if stat.rsplit(")", 1)[1].split()[0] != "Z":
-                found.append(f"{entry.name} {stat.split(')')[0].split('(', 1)[1]}")
-        except (OSError, IndexError):
-            continue
-    return found
-
-
 @pytest.mark.slow
 def test_sigterm_checkpoints_at_the_step_boundary_and_resumes_bit_exactly(
     tmp_path, tiny_model_dir, whole_run
@@ -217,9 +130,9 @@ def test_sigterm_checkpoints_at_the_step_boundary_and_resumes_bit_exactly(
     assert (cut / "checkpoints" / "latest").read_text().strip() == f"step_{k:06d}"
     assert f"stopped by SIGTERM after step {k}" in stderr and "trainer.resume=auto" in stderr
     deadline = time.monotonic() + 30
-    while _session_processes(proc.pid) and time.monotonic() < deadline:
+    while session_processes(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _session_processes(proc.pid) == []
+    assert session_processes(proc.pid) == []
 
     stdout = run_train(cut, *model, *HF_RUN, "trainer.resume=auto")
     assert f"at step {k}" in stdout
@@ -618,9 +531,9 @@ def test_a_dead_learner_rank_ends_the_run_with_an_emergency_note_and_resume_cont
     assert "died" in note["error"] and note["resume"].endswith("trainer.resume=auto")
     assert "continue with:" in stderr and "emergency.json" in stderr
     deadline = time.monotonic() + 30
-    while _session_processes(proc.pid) and time.monotonic() < deadline:
+    while session_processes(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _session_processes(proc.pid) == []
+    assert session_processes(proc.pid) == []
 
     stdout = run_train(run, *model, *HF_RUN, "trainer.resume=auto")
     assert "at step 2" in stdout

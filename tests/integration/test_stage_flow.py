@@ -42,7 +42,7 @@ def _step(engine, problems, cfg: AlgorithmConfig, params: SamplingConfig):
     grad = sum(p.grad.norm() ** 2 for p in model.parameters() if p.grad is not None) ** 0.5
     # the engine's log-probs are the learner's at the same temperature: ratio 1 at the start
     assert torch.allclose(logp * batch.response_mask, batch.old_logprobs, atol=1e-5)
-    assert out.metrics["ratio_mean"].item() == pytest.approx(1.0, abs=1e-5)
+    assert out.metrics["approx_kl"].item() == pytest.approx(0.0, abs=1e-6)  # k3 at ratio 1
     return metrics, float(grad), batch
 
 

@@ -12,7 +12,8 @@ import pytest
 from diagnostics.sinks import ConsoleSink, TensorBoardSink, wandb_mode
 from launch.config import TrainConfig
 from launch.heldout import evaluate, pass_at_k
-from launch.loop import PromptSampler, Trainer, truncate_metrics
+from launch.loop import Trainer, truncate_metrics
+from launch.sampler import PromptSampler
 from reward.tasks import Problem
 from reward.verifiers import Verdict
 from rollout.types import Group, Sample

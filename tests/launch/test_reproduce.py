@@ -74,7 +74,7 @@ def test_bad_experiment_files_name_the_key(tmp_path):
 
 def test_every_cell_of_the_shipped_experiments_composes_and_validates():
     """Each run's overrides compose into a valid config (a typo would fail its run hours in)."""
-    from tests.unit.test_config import load
+    from tests.helpers import load
 
     paths = sorted((ROOT / "conf" / "reproduce").glob("*.yaml"))
     assert {"e1_methods", "e2_early_acr", "e3_ablations"} <= {p.stem for p in paths}

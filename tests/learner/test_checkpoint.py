@@ -12,7 +12,7 @@ from learner.advantage_stage import AdvantageStage
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.group import LearnerGroup
 from learner.trigger import TriggerConfig
-from tests.learner.test_learner_ray import _batch
+from tests.helpers import train_batch
 
 
 @pytest.mark.slow
@@ -21,8 +21,8 @@ def test_round_trip_continues_bit_exactly(ray_cluster, tiny_model_dir, tmp_path,
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    _, first = _batch(model, seed=1)
-    _, second = _batch(model, seed=2)
+    _, first = train_batch(model, seed=1)
+    _, second = train_batch(model, seed=2)
     cfg = LearnerConfig(
         num_ranks=2, zero_stage=stage, lr=1e-3, micro_batch_size=4, warmup_steps=3, timeout_s=600
     )

@@ -3,57 +3,20 @@
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import ray
 import torch
 
 from learner.advantage_stage import AdvantageStage
-from learner.batch import build_batch
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.group import LearnerGroup
 from learner.logprobs import token_logprobs
 from learner.loss import LossConfig, policy_loss
 from learner.trigger import TriggerConfig
 from rollout.types import Group, Sample
+from tests.helpers import train_batch
 from tests.metric_names import SECTION5
-
-
-def _batch(model, seed=0, n_groups=4, n=4):
-    """Synthetic groups over the tiny vocabulary, old log-probs = the model's own + noise."""
-    rng = random.Random(seed)
-    groups = []
-    for _ in range(n_groups):
-        prompt = [1] + [rng.randint(4, 17) for _ in range(rng.randint(3, 6))] + [17]
-        samples = [
-            Sample([rng.randint(4, 13) for _ in range(rng.randint(1, 4))] + [2], [], "", "stop", 0)
-            for _ in range(n)
-        ]
-        groups.append(Group("", prompt, samples))
-    batch = build_batch(
-        [
-            Group(
-                g.prompt,
-                g.prompt_ids,
-                [
-                    Sample(s.response_ids, [0.0] * len(s.response_ids), "", "stop", 0)
-                    for s in g.samples
-                ],
-            )
-            for g in groups
-        ],
-        torch.randn(n_groups * n, generator=torch.Generator().manual_seed(seed)),
-        pad_id=0,
-    )
-    with torch.no_grad():
-        logp, _ = token_logprobs(
-            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
-            batch.input_ids,
-        )
-    noise = 0.05 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(seed + 1))
-    batch.old_logprobs = (logp + noise) * batch.response_mask
-    return groups, batch
 
 
 def _reference_cfg(stage: int) -> LearnerConfig:
@@ -103,7 +66,7 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     from rollout.worker import RolloutGroup
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    _, batch = _batch(model)
+    _, batch = train_batch(model)
     # Adam's first step is ~lr * g / (|g| + eps): with eps = 1e-8 a gradient that differs by
     # float reduction order (1e-10) can move a weight by lr * 1e-2. eps = 1e-3 keeps that
     # amplification at most lr / eps = 1, so the comparison below can be tight.
@@ -180,7 +143,7 @@ def test_non_finite_step_is_skipped_and_weights_unchanged(learner, tiny_model_di
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    _, batch = _batch(model, seed=5)
+    _, batch = train_batch(model, seed=5)
     if poison == "nan_advantage":
         batch.advantages[3] = float("nan")
     else:
@@ -205,7 +168,7 @@ def test_zero3_skips_a_non_finite_step_in_fp32_and_bf16(ray_cluster, tiny_model_
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    _, batch = _batch(model, seed=5)
+    _, batch = train_batch(model, seed=5)
     batch.advantages[3] = float("nan")
     cfg = LearnerConfig(
         num_ranks=2, zero_stage=3, lr=1e-3, micro_batch_size=4, dtype=dtype, timeout_s=600
@@ -264,7 +227,7 @@ def test_advantage_stage_batch_trains_on_the_learner(learner, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    groups, batch = _batch(model, seed=7)
+    groups, batch = train_batch(model, seed=7)
     groups = _engine_groups(groups, batch)
     stage = AdvantageStage(
         AlgorithmConfig(trigger=TriggerConfig(policy="always")), reward_range=(0.0, 1.0), seed=0
@@ -287,7 +250,7 @@ def test_all_collapsed_batch_gives_no_gradient_under_grpo(learner, tiny_model_di
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    groups, batch = _batch(model, seed=7)
+    groups, batch = train_batch(model, seed=7)
     groups = _engine_groups(groups, batch, logprob=-1.0)
     grpo = AlgorithmConfig(estimator="grpo", trigger=TriggerConfig(policy="never"))
     stage = AdvantageStage(grpo, reward_range=(0.0, 1.0), seed=0)
@@ -303,7 +266,7 @@ def test_one_rank_and_two_ranks_give_the_same_update(ray_cluster, tiny_model_dir
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    _, batch = _batch(model, seed=9)
+    _, batch = train_batch(model, seed=9)
     states = []
     for ranks in (1, 2):
         cfg = LearnerConfig(
@@ -344,8 +307,8 @@ def test_kl_to_the_reference_model(ray_cluster, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    _, first = _batch(model, seed=3)
-    _, second = _batch(model, seed=4)
+    _, first = train_batch(model, seed=3)
+    _, second = train_batch(model, seed=4)
     results = {}
     for kl in (0.0, 0.5):
         cfg = LearnerConfig(
@@ -375,7 +338,7 @@ def test_update_moves_log_probs_in_the_advantages_direction(ray_cluster, tiny_mo
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    _, batch = _batch(model, seed=11)
+    _, batch = train_batch(model, seed=11)
     batch.advantages = torch.tensor([1.0, -1.0] * (len(batch) // 2))
 
     def seq_logprobs(state):
@@ -401,7 +364,7 @@ def test_zero_stage_0_matches_and_skips_non_finite_steps(ray_cluster, tiny_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    _, batch = _batch(model, seed=13)
+    _, batch = train_batch(model, seed=13)
     cfg = _reference_cfg(0)
     group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
     try:
@@ -422,7 +385,7 @@ def test_zero_stage_0_matches_and_skips_non_finite_steps(ray_cluster, tiny_model
 def _mismatch_batch(model, row: int = 2):
     """Engine log-probs = the model's own minus noise, one token of ``row`` 3 nats lower (an
     engine that under-rates it: learner/engine ratio e^3 > cap 2)."""
-    _, batch = _batch(model, seed=21)
+    _, batch = train_batch(model, seed=21)
     with torch.no_grad():
         learner, _ = token_logprobs(
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,

@@ -10,6 +10,10 @@ from reward.verifiers import Verdict, register_verifier
 
 @register_verifier("_test_sleep")
 def _sleep(response: str, reference: str) -> Verdict:
+    """Sleeps ``response`` seconds; a non-empty ``reference`` is a file created first (so that
+    a test can wait until the worker is busy)."""
+    if reference:
+        open(reference, "w").close()
     time.sleep(float(response))
     return Verdict(1.0, "ok")
 

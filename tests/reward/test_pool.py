@@ -234,15 +234,18 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
     import subprocess
     import sys
 
+    busy = [str(tmp_path / f"busy{i}") for i in range(2)]  # each worker creates one, then sleeps
     code = (
-        "import threading, time\n"
+        "import os, threading, time\n"
         "from reward.pool import PoolConfig, VerifierPool\n"
         "p = VerifierPool(PoolConfig(num_workers=2, step_budget_s=None))\n"
         "p.verify(['1+1=2'], ['2'], verifier='numeric')\n"
-        "args = (['30', '30'], ['', ''])\n"
+        f"busy = {busy!r}\n"
+        "args = (['30', '30'], busy)\n"
         "kw = dict(verifier='_test_sleep', timeout_s=60)\n"
         "threading.Thread(target=p.verify, args=args, kwargs=kw, daemon=True).start()\n"
-        "time.sleep(1.0)\n"
+        "while not all(os.path.exists(b) for b in busy):\n"
+        "    time.sleep(0.05)\n"
         "print(' '.join(str(w.process.pid) for w in p._workers), flush=True)\n"
         "time.sleep(60)\n"
     )

@@ -121,6 +121,13 @@ def test_weight_sync_object_store_matches_pushed_weights(group, reference_model,
     g.load_weights([ray.put(reference_model.state_dict())], version=2)  # for later tests
 
 
+def _cpu_ticks(pid: int) -> int:
+    """User + system CPU time of process ``pid`` in clock ticks (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 @pytest.mark.slow
 def test_a_worker_dying_mid_request_raises_a_clear_error(ray_cluster, tiny_model_dir):
     """With restarts off (rollout.max_restarts=0; the default restarts it: tests/e2e) a worker
@@ -138,10 +145,13 @@ def test_a_worker_dying_mid_request_raises_a_clear_error(ray_cluster, tiny_model
         except BaseException as exc:
             errors.append(exc)
 
+    pid = ray.get(g.workers[1].pid.remote(), timeout=60)
     t = threading.Thread(target=call)
     t0 = time.monotonic()
     t.start()
-    time.sleep(0.5)
+    busy = _cpu_ticks(pid) + 20  # worker 1 has spent 0.2 s of CPU on the call: it is generating
+    while _cpu_ticks(pid) < busy and time.monotonic() - t0 < 30:
+        time.sleep(0.02)
     ray.kill(g.workers[1])
     t.join(timeout=90)
     assert not t.is_alive() and time.monotonic() - t0 < cfg.timeout_s

@@ -106,10 +106,10 @@ def test_collective_sync_engines_score_with_the_learners_weights(
     from rollout.config import RolloutConfig
     from rollout.weight_sync import WeightSync
     from rollout.worker import RolloutGroup
-    from tests.learner.test_learner_ray import _batch
+    from tests.helpers import train_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    _, batch = _batch(model)
+    _, batch = train_batch(model)
     cfg = LearnerConfig(num_ranks=ranks, zero_stage=stage, lr=1e-2, micro_batch_size=8)
     learner = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
     rollout = RolloutGroup(
@@ -169,10 +169,10 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
     from rollout.types import SamplingConfig
     from rollout.weight_sync import WeightSync
     from rollout.worker import RolloutGroup
-    from tests.learner.test_learner_ray import _batch
+    from tests.helpers import train_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    _, batch = _batch(model)
+    _, batch = train_batch(model)
     learner = LearnerGroup(
         LearnerConfig(num_ranks=1, zero_stage=2, lr=1e-2, micro_batch_size=8),
         LossConfig(),

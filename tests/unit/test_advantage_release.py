@@ -12,7 +12,7 @@ from learner.advantage import avspo_release_advantages, get_estimator
 from learner.advantage_stage import AdvantageStage
 from learner.config import AlgorithmConfig
 from learner.trigger import TriggerConfig
-from tests.unit.test_config import load  # Hydra compose of conf/ + to_train_config
+from tests.helpers import load  # Hydra compose of conf/ + to_train_config
 
 F64 = torch.float64
 EPS = 1e-4

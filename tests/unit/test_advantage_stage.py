@@ -4,7 +4,6 @@ monitor, the trained ones reach the batch; DAPO's overlong shaping and filter; o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -12,40 +11,14 @@ import torch
 from learner.advantage_stage import AdvantageStage, overlong_penalty
 from learner.config import AlgorithmConfig, OverlongConfig
 from learner.trigger import TriggerConfig
-from rollout.types import Group, Sample
+from tests.helpers import V, groups_of
 
 GRPO = AlgorithmConfig(name="grpo", estimator="grpo", trigger=TriggerConfig(policy="never"))
 
 
-@dataclass
-class V:
-    score: float
-    reason: str = "ok"
-
-
-def _groups(lengths: list[list[int]], truncated: set[tuple[int, int]] = frozenset()):
-    return [
-        Group(
-            f"p{i}",
-            [1, 4, 5],
-            [
-                Sample(
-                    [6] * n,
-                    [-0.5] * n,
-                    "",
-                    "length" if (i, j) in truncated else "stop",
-                    0,
-                )
-                for j, n in enumerate(row)
-            ],
-        )
-        for i, row in enumerate(lengths)
-    ]
-
-
 def test_dynamic_sampling_acr_raw_is_over_everything_generated():
     # 4 generated groups of 2: g0 mixed, g1 all 1, g2 mixed, g3 all 0; DAPO trains g0, g2 only.
-    groups = _groups([[1, 1]] * 4)
+    groups = groups_of([[1, 1]] * 4)
     verdicts = [V(1.0), V(0.0), V(1.0), V(1.0), V(0.0), V(1.0), V(0.0, "wrong"), V(0.0, "wrong")]
     stage = AdvantageStage(GRPO, reward_range=(0.0, 1.0), seed=0)
     batch, m = stage.process(groups, verdicts, trained=[True, False, True, False])
@@ -62,7 +35,7 @@ def test_dynamic_sampling_acr_raw_is_over_everything_generated():
 
 
 def test_response_length_clip_ratio_and_overlong_filter():
-    groups = _groups([[2, 8], [3, 8]], truncated={(0, 1), (1, 1)})
+    groups = groups_of([[2, 8], [3, 8]], truncated={(0, 1), (1, 1)})
     verdicts = [V(1.0), V(0.0), V(0.0), V(1.0)]
     cfg = AlgorithmConfig(estimator="grpo", overlong=OverlongConfig(filter=True))
     batch, m = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0).process(groups, verdicts)
@@ -76,7 +49,7 @@ def test_overlong_shaping_hand_computed():
     # L_max 8, L_cache 4: lengths 4 -> 0, 6 -> -0.5, 8 -> -1 (factor 1)
     pen = overlong_penalty(torch.tensor([4, 6, 8]), max_len=8, buffer_len=4, factor=1.0)
     assert pen.tolist() == [0.0, -0.5, -1.0]
-    groups = _groups([[4, 8]])  # both correct: r = (1 + 0, 1 - 1) = (1, 0)
+    groups = groups_of([[4, 8]])  # both correct: r = (1 + 0, 1 - 1) = (1, 0)
     cfg = AlgorithmConfig(estimator="grpo", overlong=OverlongConfig(shaping=True, buffer_len=4))
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0, max_response_len=8)
     batch, m = stage.process(groups, [V(1.0), V(1.0)])
@@ -90,7 +63,7 @@ def test_one_tau_for_estimator_and_monitor():
     # advantages) and for the monitor alike; (0, 1) has 0.5 -> not collapsed
     cfg = AlgorithmConfig(estimator="grpo", tau=0.3, trigger=TriggerConfig(policy="never"))
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
-    batch, m = stage.process(_groups([[1, 1], [1, 1]]), [V(0.0), V(0.5), V(0.0), V(1.0)])
+    batch, m = stage.process(groups_of([[1, 1], [1, 1]]), [V(0.0), V(0.5), V(0.0), V(1.0)])
     assert m["acr/raw"] == m["acr/trained"] == 0.5
     assert batch.advantages[:2].tolist() == [0.0, 0.0] and m["acr/effective"] == 0.5
 
@@ -98,25 +71,25 @@ def test_one_tau_for_estimator_and_monitor():
 def test_acr100_says_how_many_steps_it_covers():
     stage = AdvantageStage(GRPO, reward_range=(0.0, 1.0), seed=0)
     for step in range(1, 4):
-        _, m = stage.process(_groups([[1, 1]]), [V(1.0), V(1.0)])
+        _, m = stage.process(groups_of([[1, 1]]), [V(1.0), V(1.0)])
         assert m["acr/acr100_steps"] == step and m["acr/acr100"] == 1.0
 
 
 def test_state_round_trip_includes_the_monitor():
     a = AdvantageStage(AlgorithmConfig(), reward_range=(0.0, 1.0), seed=0)
-    a.process(_groups([[1, 1], [1, 1]]), [V(1.0), V(1.0), V(0.0), V(1.0)], prompt_keys=["x", "y"])
+    a.process(groups_of([[1, 1], [1, 1]]), [V(1.0), V(1.0), V(0.0), V(1.0)], prompt_keys=["x", "y"])
     b = AdvantageStage(AlgorithmConfig(), reward_range=(0.0, 1.0), seed=0)
     b.load_state_dict(a.state_dict())
     assert b.monitor.state_dict() == a.monitor.state_dict() and b.monitor.steps == 1
-    _, ma = a.process(_groups([[1, 1]]), [V(0.0), V(0.0)])
-    _, mb = b.process(_groups([[1, 1]]), [V(0.0), V(0.0)])
+    _, ma = a.process(groups_of([[1, 1]]), [V(0.0), V(0.0)])
+    _, mb = b.process(groups_of([[1, 1]]), [V(0.0), V(0.0)])
     assert all(ma[k] == mb[k] or (math.isnan(ma[k]) and math.isnan(mb[k])) for k in ma)
 
 
 def test_dynamic_sampling_reward_and_length_are_over_everything_generated():
     # g0 (1, 0) len 2/2 trained; g1 (1, 1) len 4/4 dropped; g2 (0, 0) len 6/6 dropped.
     # Generated: reward 3/6 = 0.5, length (2+2+4+4+6+6)/6 = 4. Trained: reward 0.5, length 2.
-    groups = _groups([[2, 2], [4, 4], [6, 6]])
+    groups = groups_of([[2, 2], [4, 4], [6, 6]])
     verdicts = [V(1.0), V(0.0), V(1.0), V(1.0), V(0.0), V(0.0)]
     cfg = AlgorithmConfig(trigger=TriggerConfig(policy="adaptive", eta=0.5))
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
@@ -143,13 +116,13 @@ def test_intrinsic_rewards_have_no_correct_incorrect_strata():
     )  # fmt: skip
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
     verdicts = [V(-0.5), V(-0.5), V(-0.2), V(-0.9)]  # g0 collapsed at -0.5, below r_lo = 0
-    _, m = stage.process(_groups([[1, 1], [1, 1]]), verdicts, prompt_keys=["a", "b"])
+    _, m = stage.process(groups_of([[1, 1], [1, 1]]), verdicts, prompt_keys=["a", "b"])
     assert m["acr/raw"] == 0.5
     assert "acr/high" not in m and "acr/low" not in m
     assert "always_solved" not in stage.monitor.prompt_summary()
     # the verifier's own reward keeps them
     _, m = AdvantageStage(GRPO, reward_range=(0.0, 1.0), seed=0).process(
-        _groups([[1, 1], [1, 1]]), [V(0.0), V(0.0), V(1.0), V(0.0)]
+        groups_of([[1, 1], [1, 1]]), [V(0.0), V(0.0), V(1.0), V(0.0)]
     )
     assert (m["acr/high"], m["acr/low"]) == (0.0, 0.5)
 
@@ -160,6 +133,6 @@ def test_dapo_filter_with_groups_of_unequal_size():
     # scores by a fixed n = 3 (the old code) would call (1, 1, 0) and (1, 0, 0) informative.
     from learner.advantage_stage import informative_groups
 
-    groups = _groups([[1], [1, 1, 1], [1, 1]])
+    groups = groups_of([[1], [1, 1, 1], [1, 1]])
     scores = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
     assert informative_groups(groups, scores, tau=1e-6) == [False, True, False]

@@ -5,21 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from launch.config import ConfigError, TrainConfig, to_train_config
-
-ROOT = Path(__file__).resolve().parents[2]
-CONF = str(ROOT / "conf")
-
-
-def load(*overrides: str) -> TrainConfig:
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return to_train_config(compose(config_name="config", overrides=list(overrides)))
+from launch.config import ConfigError, TrainConfig
+from tests.helpers import ROOT, load
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "avspo"])

@@ -13,7 +13,7 @@ from learner.advantage_stage import AdvantageStage
 from learner.config import AlgorithmConfig
 from learner.loss import LossConfig, dynamic_clip_bounds, policy_loss
 from learner.trigger import TriggerConfig
-from tests.unit.test_advantage_stage import V, _groups
+from tests.helpers import V, groups_of
 
 DCPO = AlgorithmConfig(
     name="dcpo",
@@ -100,14 +100,14 @@ def test_the_dynamic_clip_lets_a_rare_token_move_further():
 def test_the_stage_keeps_history_per_prompt_and_checkpoints_it():
     a = AdvantageStage(DCPO, reward_range=(0.0, 1.0), seed=0)
     # step 1: prompt x mixed, prompt y collapsed (all 0)
-    a.process(_groups([[1] * 4, [1] * 4]), [V(1), V(0), V(0), V(0)] + [V(0)] * 4,
+    a.process(groups_of([[1] * 4, [1] * 4]), [V(1), V(0), V(0), V(0)] + [V(0)] * 4,
               prompt_keys=["x", "y"])  # fmt: skip
     state = json.loads(json.dumps(a.state_dict()))  # what a checkpoint holds
     assert state["prompt_history"] == {"x": [1, 4, 0.25, 0.75], "y": [1, 4, 0.0, 0.0]}
     b = AdvantageStage(DCPO, reward_range=(0.0, 1.0), seed=0)
     b.load_state_dict(state)
     # step 2: x all correct (collapsed now): both stages give it the history's 0.362284
-    step2 = (_groups([[1] * 4]), [V(1)] * 4)
+    step2 = (groups_of([[1] * 4]), [V(1)] * 4)
     batch_a, ma = a.process(*step2, prompt_keys=["x"])
     batch_b, mb = b.process(*step2, prompt_keys=["x"])
     assert torch.equal(batch_a.advantages, batch_b.advantages)
@@ -118,7 +118,7 @@ def test_the_stage_keeps_history_per_prompt_and_checkpoints_it():
 
 def test_a_prompt_twice_in_one_step_sees_its_first_group():
     stage = AdvantageStage(DCPO, reward_range=(0.0, 1.0), seed=0)
-    batch, _ = stage.process(_groups([[1] * 4, [1] * 4]), [V(1), V(0), V(0), V(0)] + [V(1)] * 4,
+    batch, _ = stage.process(groups_of([[1] * 4, [1] * 4]), [V(1), V(0), V(0), V(0)] + [V(1)] * 4,
                              prompt_keys=["x", "x"])  # fmt: skip
     # group 1 = visit 1 of x (GRPO: 1.5, -0.5); group 2 = visit 2, collapsed: history 0.362284
     got = [round(a, 6) for a in batch.advantages.tolist()]
@@ -132,7 +132,7 @@ def test_the_preset_weights_tokens_as_dcpos_only_token_mean():
     tokens with A = 2. DCPO's per-token weight is A_i / G: the long one's tokens weigh 2 / 1 = 2x
     the short one's. Per-response length normalisation (seq-mean-token-mean) gives
     (2 / 8) / (1 / 2) = 0.5x instead."""
-    from tests.unit.test_config import load
+    from tests.helpers import load
 
     loss = load("algorithm=dcpo").algorithm.loss
     assert loss.aggregation == "seq-mean-token-sum-norm"
@@ -154,7 +154,7 @@ def test_the_preset_weights_tokens_as_dcpos_only_token_mean():
 
 def test_history_groups_counts_groups_whose_prompt_was_seen_before():
     stage = AdvantageStage(DCPO, reward_range=(0.0, 1.0), seed=0)
-    step1 = (_groups([[1] * 4, [1] * 4]), [V(1), V(0), V(0), V(0)] + [V(0)] * 4)
+    step1 = (groups_of([[1] * 4, [1] * 4]), [V(1), V(0), V(0), V(0)] + [V(0)] * 4)
     _, m = stage.process(*step1, prompt_keys=["x", "y"])
     assert m["dcpo/history_groups"] == 0.0  # first visits: GRPO
     _, m = stage.process(*step1, prompt_keys=["x", "z"])

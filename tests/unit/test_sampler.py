@@ -19,7 +19,7 @@ from learner.advantage_stage import AdvantageStage
 from reward.tasks import Problem
 from reward.verifiers import Verdict
 from rollout.types import Group, Sample
-from tests.unit.test_config import CONF
+from tests.helpers import CONF
 
 
 def _problems(n: int) -> list[Problem]:
@@ -61,12 +61,6 @@ def test_uniform_is_the_old_prompt_sampler_draw_for_draw(seed, n, ks):
     got = [[int(p.uid[1:]) for p in s.next(k)] for k in ks]
     assert got == _old_sequence(n, seed, ks)
     assert set(s.state_dict()) == {"order", "pos", "rng"}  # the checkpoint format is unchanged
-
-
-def test_prompt_sampler_is_still_importable_from_the_loop():
-    import launch.loop
-
-    assert launch.loop.PromptSampler is PromptSampler
 
 
 # ---- collapse-aware: the formula -------------------------------------------------------------

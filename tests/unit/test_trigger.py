@@ -171,7 +171,7 @@ def test_window_is_in_the_checkpoint_state():
 
 
 def test_paper_preset_windows_at_least_32_groups():
-    from tests.unit.test_config import load
+    from tests.helpers import load
 
     cfg = load("experiment=paper_qwen2.5_math_1.5b")
     groups = cfg.algorithm.trigger.acr_window * cfg.trainer.prompts_per_step

@@ -1,0 +1,111 @@
+"""Running ``launch.train`` from the end-to-end tests: the command, a run in its own session,
+its metrics rows, and what is left of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def train_cmd(run_dir: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "launch.train",
+        f"trainer.run_dir={run_dir}",
+        f"hydra.run.dir={run_dir}/hydra",
+        *overrides,
+    ]
+
+
+TIMED_OUT: list[str] = []  # runs of this session that hit the limit
+
+
+def run_train(run_dir: Path, *overrides: str, env: dict | None = None) -> str:
+    """``launch.train`` in a subprocess (900 s at most). After one run of the session timed out,
+    the next fail at once: a machine that slow would take the CI past its own limit, and then no
+    failure is reported at all."""
+    if TIMED_OUT:
+        pytest.fail(f"not run: an earlier launch.train run timed out ({TIMED_OUT[0]})")
+    start = time.monotonic()
+    try:
+        out = subprocess.run(
+            train_cmd(run_dir, *overrides),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    except subprocess.TimeoutExpired as e:
+        tail = str(e.stdout or "")[-3000:] + str(e.stderr or "")[-3000:]
+        echo_failure(run_dir, f"timed out after {e.timeout:.0f} s", tail)
+        TIMED_OUT.append(str(run_dir))
+        raise
+    tail = out.stdout[-3000:] + out.stderr[-3000:]
+    if out.returncode != 0:
+        echo_failure(run_dir, f"exit {out.returncode} after {time.monotonic() - start:.0f} s", tail)
+    assert out.returncode == 0, tail
+    return out.stdout
+
+
+def echo_failure(run_dir: Path, what: str, tail: str) -> None:
+    """A failed run's tail, on the terminal at once: pytest shows captured output only in its
+    final summary, which a CI run that hits its time limit never prints."""
+    print(f"\n--- launch.train in {run_dir}: {what} ---\n{tail[-2000:]}\n---", file=sys.__stderr__)
+
+
+def rows(run_dir: Path) -> dict[int, dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines)}
+
+
+def deterministic(row: dict) -> dict:
+    """A row without wall-clock figures."""
+    return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/"))}
+
+
+def start_train(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """A training run in its own session (its processes are findable and killable)."""
+    return subprocess.Popen(
+        train_cmd(run_dir, *overrides),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_row(proc: subprocess.Popen, run_dir: Path, step: int, deadline: float) -> None:
+    """Until ``step``'s metrics row is written (or the run ended, or the deadline passed)."""
+    while proc.poll() is None and time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and step in rows(run_dir):
+            return
+        time.sleep(0.05)
+
+
+def session_processes(sid: int) -> list[str]:
+    """Live processes of session ``sid`` (a run started with start_new_session=True)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != sid:
+                continue
+            stat = (entry / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(f"{entry.name} {stat.split(')')[0].split('(', 1)[1]}")
+        except (OSError, IndexError):
+            continue
+    return found

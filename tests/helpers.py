@@ -1,0 +1,88 @@
+"""Helpers shared by several test modules (a test module never imports another one's)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from learner.batch import build_batch
+from learner.logprobs import token_logprobs
+from rollout.types import Group, Sample
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = str(ROOT / "conf")
+
+
+def load(*overrides: str):
+    """The run config composed from conf/ with ``overrides`` (Hydra) and validated."""
+    from hydra import compose, initialize_config_dir
+
+    from launch.config import to_train_config
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return to_train_config(compose(config_name="config", overrides=list(overrides)))
+
+
+def train_batch(model, seed=0, n_groups=4, n=4):
+    """Synthetic groups over the tiny vocabulary, old log-probs = the model's own + noise."""
+    rng = random.Random(seed)
+    groups = []
+    for _ in range(n_groups):
+        prompt = [1] + [rng.randint(4, 17) for _ in range(rng.randint(3, 6))] + [17]
+        samples = [
+            Sample([rng.randint(4, 13) for _ in range(rng.randint(1, 4))] + [2], [], "", "stop", 0)
+            for _ in range(n)
+        ]
+        groups.append(Group("", prompt, samples))
+    batch = build_batch(
+        [
+            Group(
+                g.prompt,
+                g.prompt_ids,
+                [
+                    Sample(s.response_ids, [0.0] * len(s.response_ids), "", "stop", 0)
+                    for s in g.samples
+                ],
+            )
+            for g in groups
+        ],
+        torch.randn(n_groups * n, generator=torch.Generator().manual_seed(seed)),
+        pad_id=0,
+    )
+    with torch.no_grad():
+        logp, _ = token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+            batch.input_ids,
+        )
+    noise = 0.05 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(seed + 1))
+    batch.old_logprobs = (logp + noise) * batch.response_mask
+    return groups, batch
+
+
+@dataclass
+class V:
+    score: float
+    reason: str = "ok"
+
+
+def groups_of(lengths: list[list[int]], truncated: set[tuple[int, int]] = frozenset()):
+    return [
+        Group(
+            f"p{i}",
+            [1, 4, 5],
+            [
+                Sample(
+                    [6] * n,
+                    [-0.5] * n,
+                    "",
+                    "length" if (i, j) in truncated else "stop",
+                    0,
+                )
+                for j, n in enumerate(row)
+            ],
+        )
+        for i, row in enumerate(lengths)
+    ]
