@@ -13,18 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from launch.reproduce import (
-    ExperimentError,
-    aggregate,
-    append_row,
-    cell_id,
-    command,
-    equal_token_accuracy,
-    load_experiment,
-    pending,
-    read_rows,
-    write_report,
-)
+from launch.aggregate import aggregate, equal_token_accuracy, write_report
+from launch.experiments import ExperimentError, cell_id, load_experiment
+from launch.grid import append_row, command, pending, read_rows
 from tests.conftest import fast_tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,7 +255,7 @@ def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_mode
 def test_commit_rows_commits_the_results_file_alone(tmp_path):
     """``--commit``: after each run the results file is committed by itself; what else was
     staged stays staged (the results folder is a git repository here, made by the test)."""
-    from launch.reproduce import commit_rows, git_rev
+    from launch.grid import commit_rows, git_rev
 
     exp = load_experiment(str(experiment_file(tmp_path)))
     repo = exp.results.parent
@@ -399,7 +390,7 @@ def test_cell_models_names_bad_configs_none_but_stops_on_a_failed_build(tmp_path
     model (``None``); a model build that fails (a full disk, a broken cache) is this machine's
     problem and must stop the grid, not be recorded as a model-less row shown in every block."""
     import launch.bootstrap
-    from launch.reproduce import cell_models
+    from launch.grid import cell_models
 
     spec = {"bad": ["algorithm=no_such_preset"], "grpo": ["algorithm=grpo"]}
     exp = load_experiment(str(experiment_file(tmp_path, axes={"method": spec})))
@@ -445,7 +436,7 @@ def test_a_cell_whose_model_folder_is_missing_stops_the_grid_with_the_key(
 def test_figures_of_ten_or_more_get_one_decimal_fractions_three():
     """Wall seconds of 69.7 read '69.7 +- 10.5', not '69.700 +- 10.460'; accuracies keep 3."""
     from diagnostics.stats import estimate
-    from launch.reproduce import _fmt
+    from launch.aggregate import _fmt
 
     assert _fmt(estimate([59.24, 80.16]), 1.0).startswith("69.7 +- ")  # mean (59.24+80.16)/2
     assert _fmt(estimate([0.4, 0.5, 0.6]), 1.0) == "0.500 +- 0.248"  # t975(2) * 0.1 / sqrt(3)

@@ -1,0 +1,239 @@
+"""Experiment grids for ``launch.reproduce`` (``conf/reproduce/*.yaml``): the definition, its
+cells and commands, and one run's summary row."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf" / "reproduce"
+KEYS = {
+    "description",
+    "results",
+    "runs_dir",
+    "seeds",
+    "base",
+    "axes",
+    "baseline",
+    "tables_by",
+    "fit",
+    "timeout_s",
+    "report",
+}
+# The figures aggregated per cell, in table order: (row key, heading, scale for display)
+FIGURES = (
+    ("final_accuracy", "final greedy acc", 1.0),
+    ("gain", "gain (final - step 0)", 1.0),
+    ("acc_at_equal_tokens", "acc at equal tokens", 1.0),
+    ("final_pass_at_k", "final pass@k", 1.0),
+    ("final_mean_at_k", "final mean@k", 1.0),
+    ("acr_raw", "ACR raw", 1.0),
+    ("acr_effective", "ACR effective", 1.0),
+    ("acr_low", "all-incorrect", 1.0),
+    ("acr_high", "all-correct", 1.0),
+    ("early_acr", "early ACR", 1.0),
+    ("generated_tokens", "rollout tokens (k)", 1e-3),
+    ("grad_tokens", "grad tokens (k)", 1e-3),
+    ("wall_s", "wall s", 1.0),
+)
+
+
+class ExperimentError(ValueError):
+    """A bad experiment file: the message names the file and key."""
+
+
+@dataclass
+class Experiment:
+    name: str
+    path: Path
+    seeds: list[int]
+    base: list[str]
+    axes: dict[str, dict[str, list[str]]]
+    baseline: dict[str, str]
+    results: Path
+    runs_dir: Path
+    report: Path
+    description: str = ""
+    tables_by: str | None = None  # an axis: one table per value of it
+    # fitted lines over every ok row, each {"x": row key, "y": row key} (YAML: one or a list)
+    fits: list[dict] = field(default_factory=list)
+    timeout_s: float = 3600.0
+    cells: list[dict[str, str]] = field(init=False)
+
+    def __post_init__(self):
+        self.cells = [
+            dict(zip(self.axes, values, strict=True))
+            for values in itertools.product(*(list(v) for v in self.axes.values()))
+        ]
+
+    def overrides(self, cell: dict[str, str], seed: int) -> list[str]:
+        """The ``launch.train`` overrides of one run (its command, without where it writes)."""
+        own = [o for axis, value in cell.items() for o in self.axes[axis][value]]
+        return [*self.base, *own, f"trainer.seed={seed}"]
+
+    def run_dir(self, cell: dict[str, str], seed: int) -> Path:
+        return self.runs_dir / "__".join(cell.values()) / f"seed{seed}"
+
+
+def cell_id(cell: dict[str, str]) -> str:
+    """``"method=grpo,setting=hard"``: a cell's key in the results file."""
+    return ",".join(f"{k}={v}" for k, v in cell.items())
+
+
+def load_experiment(name_or_path: str) -> Experiment:
+    """``conf/reproduce/<name>.yaml`` or a path; relative paths inside resolve against the
+    repository root. Unknown keys and malformed values raise :class:`ExperimentError`."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CONF / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in CONF.glob("*.yaml"))
+        raise ExperimentError(f"{path}: no such experiment file (known: {', '.join(known)})")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ExperimentError(f"{path}: not valid YAML: {e}") from None
+
+    def bad(key: str, why: str) -> ExperimentError:
+        return ExperimentError(f"{path}: {key}: {why}")
+
+    if not isinstance(raw, dict):
+        raise bad("(top level)", "must be a mapping")
+    for key in raw:
+        if key not in KEYS:
+            raise bad(key, f"unknown key (known: {', '.join(sorted(KEYS))})")
+    seeds = raw.get("seeds", [0])
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        raise bad("seeds", "must be a non-empty list of integers")
+
+    def overrides(value, key: str) -> list[str]:
+        value = value if value is not None else []
+        if not (isinstance(value, list) and all(isinstance(o, str) for o in value)):
+            raise bad(key, "must be a list of override strings")
+        return value
+
+    axes_raw = raw.get("axes")
+    if not (isinstance(axes_raw, dict) and axes_raw):
+        raise bad("axes", "must map each axis name to {value: [overrides]}")
+    axes = {}
+    for axis, values in axes_raw.items():
+        if not (isinstance(values, dict) and values):
+            raise bad(f"axes.{axis}", "must map each value name to a list of overrides")
+        axes[str(axis)] = {str(v): overrides(o, f"axes.{axis}.{v}") for v, o in values.items()}
+    baseline = raw.get("baseline") or {}
+    if not isinstance(baseline, dict):
+        raise bad("baseline", "must map axes to the baseline's values")
+    for axis, value in baseline.items():
+        if axis not in axes or str(value) not in axes[axis]:
+            raise bad(f"baseline.{axis}", f"{value!r} is not a value of an axis")
+    tables_by = raw.get("tables_by")
+    if tables_by is not None and tables_by not in axes:
+        raise bad("tables_by", f"{tables_by!r} is not an axis")
+    fit_cfg = raw.get("fit")
+    fits = [] if fit_cfg is None else [fit_cfg] if isinstance(fit_cfg, dict) else fit_cfg
+    if not isinstance(fits, list):
+        raise bad("fit", "must be {x: <row key>, y: <row key>} or a list of them")
+    for i, one in enumerate(fits):
+        if not (isinstance(one, dict) and {"x", "y"} <= set(one)):
+            where_ = "fit" if isinstance(fit_cfg, dict) else f"fit[{i}]"
+            raise bad(where_, "must be {x: <row key>, y: <row key>}")
+    name = path.stem
+
+    def where(key: str, default: str) -> Path:
+        p = Path(raw.get(key, default))
+        return p if p.is_absolute() else ROOT / p
+
+    return Experiment(
+        name=name,
+        path=path,
+        seeds=seeds,
+        base=overrides(raw.get("base"), "base"),
+        axes=axes,
+        baseline={str(k): str(v) for k, v in baseline.items()},
+        results=where("results", f"docs/results/{name}.jsonl"),
+        runs_dir=where("runs_dir", f"runs/reproduce/{name}"),
+        report=where("report", "docs/RESULTS.md"),
+        description=str(raw.get("description", "")).strip(),
+        tables_by=tables_by,
+        fits=fits,
+        timeout_s=float(raw.get("timeout_s", 3600.0)),
+    )
+
+
+# --- one run's row --------------------------------------------------------------------------
+
+
+def summarize_run(run_dir: Path) -> dict:
+    """The figures of one finished run (module docstring), from its metrics.jsonl and config."""
+    from diagnostics.report import load_run, summarize
+
+    run = load_run(run_dir)
+    s = summarize(run)
+    steps = s["last_step"]
+    gen_steps, gen = run.series("rollout/generated_tokens")
+    cumulative, total = {}, 0.0
+    for step, v in zip(gen_steps, gen, strict=True):
+        total += v
+        cumulative[step] = total
+    k = next(
+        (int(key.split("@")[1]) for key in run.metric_names() if key.startswith("eval/pass@")),
+        None,
+    )
+    evals = []
+    for step, row in run.rows.items():
+        if "eval/accuracy" not in row:
+            continue
+        tokens = max((t for st, t in cumulative.items() if st <= step), default=0.0)
+        evals.append(
+            {
+                "step": step,
+                "accuracy": row["eval/accuracy"],
+                "pass_at_k": row.get(f"eval/pass@{k}"),
+                "mean_at_k": row.get(f"eval/mean@{k}"),
+                "generated_tokens": tokens,
+            }
+        )
+    start = next((e for e in evals if e["step"] == 0), None)
+    end = evals[-1] if evals and evals[-1]["step"] >= 1 else None
+
+    def mean_over(key: str, last: int) -> float | None:
+        vals = [v for st, v in zip(*run.series(key), strict=True) if 1 <= st <= last]
+        return math.fsum(vals) / len(vals) if vals else None
+
+    early = max(1, math.ceil(steps / 4))
+    grad = 0.0
+    for row in run.rows.values():
+        if "perf/learner_tokens" in row:
+            grad += row["perf/learner_tokens"] * (1.0 - row.get("acr/wasted_token_frac", 0.0))
+    return {
+        "steps": steps,
+        "k": k,
+        "start_accuracy": start and start["accuracy"],
+        "final_accuracy": end and end["accuracy"],
+        "gain": (end["accuracy"] - start["accuracy"]) if start and end else None,
+        "start_pass_at_k": start and start["pass_at_k"],
+        "final_pass_at_k": end and end["pass_at_k"],
+        "start_mean_at_k": start and start["mean_at_k"],
+        "final_mean_at_k": end and end["mean_at_k"],
+        "evals": evals,
+        "acr_raw": s["mean_acr_raw"],
+        "acr_effective": s["mean_acr_effective"],
+        "acr_high": s["mean_acr_high"],
+        "acr_low": s["mean_acr_low"],
+        # the first quarter of the run (at least one step); ACR100 only where 100 steps ran
+        "early_acr": mean_over("acr/raw", early),
+        # its strata: all-incorrect groups (no signal to learn from) and all-correct (solved)
+        "early_acr_low": mean_over("acr/low", early),
+        "early_acr_high": mean_over("acr/high", early),
+        "acr100": mean_over("acr/raw", 100) if steps >= 100 else None,
+        "trigger_rate": s["trigger_rate"],
+        "generated_tokens": total,
+        # response tokens trained on whose advantage was not zero (per PPO epoch)
+        "grad_tokens": grad,
+        "time_per_step_s": s["time_per_step_s"],
+    }
