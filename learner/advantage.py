@@ -50,8 +50,6 @@ Worked example (docs/ARCHITECTURE.md section 4): G = 8 all correct, ACR_t = 0.5 
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -85,7 +83,7 @@ class AdvantageResult:
         return self.stats.groups.index
 
 
-def _result(stats: CollapseStats, advantages: Tensor, **extra) -> AdvantageResult:
+def result_of(stats: CollapseStats, advantages: Tensor, **extra) -> AdvantageResult:
     m = stats.groups.num
     base = dict(
         advantages=advantages,
@@ -101,30 +99,35 @@ def _result(stats: CollapseStats, advantages: Tensor, **extra) -> AdvantageResul
 
 
 # Every estimator here is a per-group affine map A_ji = (r_ji - center_j) / denom_j: the group
-# statistics are computed on [M]-sized tensors and the N samples are touched once, in _apply.
+# statistics are computed on [M]-sized tensors and the N samples are touched once, in
+# apply_advantages.
 # denom_j = +inf makes a group's advantages exactly 0 (collapsed groups, or a zero std with
 # eps = 0), never NaN.
 
 
-def _apply(rewards: Tensor, stats: CollapseStats, center: Tensor, denom: Tensor) -> Tensor:
+def apply_advantages(
+    rewards: Tensor, stats: CollapseStats, center: Tensor, denom: Tensor
+) -> Tensor:
     g = stats.groups
     return ((g.per_sample(rewards) - g.broadcast(center)) / g.broadcast(denom)).reshape(-1)
 
 
-def _zero_where(denom: Tensor, zero: Tensor | None = None) -> Tensor:
+def zero_where(denom: Tensor, zero: Tensor | None = None) -> Tensor:
     """``denom`` with +inf where ``zero`` (or where it is not positive)."""
     bad = denom <= 0 if zero is None else zero | (denom <= 0)
     return torch.where(bad, torch.full_like(denom, torch.inf), denom)
 
 
-def _grpo_denom(stats: CollapseStats, *, eps: float, scale_by_std: bool, unbiased: bool) -> Tensor:
+def grpo_denominator(
+    stats: CollapseStats, *, eps: float, scale_by_std: bool, unbiased: bool
+) -> Tensor:
     size = stats.groups.size.to(stats.m2.dtype)
     if scale_by_std:
         dof = (size - 1 if unbiased else size).clamp(min=1)
         denom = torch.sqrt(stats.m2 / dof) + eps  # [M] std + eps
     else:
         denom = torch.ones_like(size)
-    return _zero_where(denom, stats.collapsed)
+    return zero_where(denom, stats.collapsed)
 
 
 def grpo_advantages(
@@ -143,8 +146,10 @@ def grpo_advantages(
     [1.5, -0.5, -0.5, -0.5]
     """
     stats = collapse_stats(rewards, group_ids, tau=tau)
-    denom = _grpo_denom(stats, eps=eps, scale_by_std=scale_by_std, unbiased=unbiased)
-    return _result(stats, _apply(rewards.to(stats.mean.dtype), stats, stats.mean, denom))
+    denom = grpo_denominator(stats, eps=eps, scale_by_std=scale_by_std, unbiased=unbiased)
+    return result_of(
+        stats, apply_advantages(rewards.to(stats.mean.dtype), stats, stats.mean, denom)
+    )
 
 
 def rloo_advantages(rewards: Tensor, group_ids: Tensor, *, tau: float = 1e-6) -> AdvantageResult:
@@ -156,8 +161,10 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor, *, tau: float = 1e-6) ->
     """
     stats = collapse_stats(rewards, group_ids, tau=tau)
     size = stats.groups.size.to(stats.mean.dtype)
-    denom = _zero_where((size - 1) / size, stats.collapsed)  # G = 1 groups are collapsed
-    return _result(stats, _apply(rewards.to(stats.mean.dtype), stats, stats.mean, denom))
+    denom = zero_where((size - 1) / size, stats.collapsed)  # G = 1 groups are collapsed
+    return result_of(
+        stats, apply_advantages(rewards.to(stats.mean.dtype), stats, stats.mean, denom)
+    )
 
 
 def virtual_counts(
@@ -303,7 +310,7 @@ def avspo_advantages(
     stats = collapse_stats(rewards, group_ids, tau=tau, r_lo=r_lo)
     rewards = rewards.to(stats.mean.dtype)
     center = stats.mean
-    denom = _grpo_denom(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
+    denom = grpo_denominator(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
     acr = stats.acr if trigger_acr is None else float(trigger_acr)
     triggered = acr > tau_adapt
     stratum = stats.collapsed  # "both"
@@ -313,7 +320,9 @@ def avspo_advantages(
         stratum = stats.collapsed & ~stats.high
     augmented = stratum & triggered  # [M]
     if not bool(augmented.any()):
-        return _result(stats, _apply(rewards, stats, center, denom), triggered=triggered)
+        return result_of(
+            stats, apply_advantages(rewards, stats, center, denom), triggered=triggered
+        )
 
     groups, dtype = stats.groups, rewards.dtype
     k_all = virtual_counts(groups.size, acr, alpha=alpha, k=k, strategy=strategy)
@@ -338,12 +347,12 @@ def avspo_advantages(
     gap = mean_r - mean_v
     m2_u = stats.m2[aug] + n_virt * var_v + g_real * n_virt / (g_real + n_virt) * gap * gap
     dof = g_real + n_virt - (1 if unbiased else 0)
-    denom_u = _zero_where(torch.sqrt(m2_u / dof) + eps)
+    denom_u = zero_where(torch.sqrt(m2_u / dof) + eps)
     center = center.index_copy(0, aug, mean_u)
     denom = denom.index_copy(0, aug, denom_u)
-    return _result(
+    return result_of(
         stats,
-        _apply(rewards, stats, center, denom),
+        apply_advantages(rewards, stats, center, denom),
         augmented=augmented,
         num_virtual=int(k_aug.sum()),
         k=k_all,
@@ -416,9 +425,11 @@ def avspo_release_advantages(
     augmented = lo | hi  # [M]
     rewards = rewards.to(stats.mean.dtype)
     dtype = rewards.dtype
-    denom = _grpo_denom(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
+    denom = grpo_denominator(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
     if not bool(augmented.any()):
-        return _result(stats, _apply(rewards, stats, stats.mean, denom), triggered=False)
+        return result_of(
+            stats, apply_advantages(rewards, stats, stats.mean, denom), triggered=False
+        )
 
     # An augmented group holds G_j copies of one value r (M2_R = 0) plus one virtual v: by
     # Chan's formula with K = 1, mean_u = (G r + v) / (G + 1), M2_u = G / (G + 1) * (r - v)^2.
@@ -429,230 +440,12 @@ def avspo_release_advantages(
     m2_u = g_real / (g_real + 1) * gap * gap
     dof = g_real + (0 if unbiased else 1)
     center = torch.where(augmented, mean_u, stats.mean)
-    denom = torch.where(augmented, _zero_where(torch.sqrt(m2_u / dof) + eps), denom)
-    return _result(
+    denom = torch.where(augmented, zero_where(torch.sqrt(m2_u / dof) + eps), denom)
+    return result_of(
         stats,
-        _apply(rewards, stats, center, denom),
+        apply_advantages(rewards, stats, center, denom),
         augmented=augmented,
         num_virtual=int(augmented.sum()),
         k=augmented.to(torch.long),
         triggered=True,
     )
-
-
-def dcpo_advantages(
-    rewards: Tensor,
-    group_ids: Tensor,
-    history: list[tuple[int, int, float, float] | None],
-    *,
-    eps: float = 1e-6,
-    unbiased: bool = True,
-    tau: float = 1e-6,
-) -> tuple[AdvantageResult, list[tuple[int, int, float, float]]]:
-    r"""DCPO's smooth advantage standardisation (SAS; Yang et al. 2025, arXiv 2509.02333, and
-    its code, lime-RL/DCPO ``compute_dcpo_outcome_advantage``).
-
-    ``history[j]``: group j's prompt before this step, ``(visits, n, mean, m2)`` of every reward
-    it got so far (None: first visit). With i = visits including this one, per sample:
-
-    - A_new = (r - mean(R_j)) / (std(R_j) + eps), 0 if the group is collapsed now (as GRPO);
-    - A_total = (r - mean_total) / (std_total + eps) over all n + G_j rewards of the prompt
-      (earlier visits and this group), 0 if those are collapsed too (pop. std < tau);
-    - SA_1 = A_total / i + (1 - 1/i) A_new,  SA_2 = A_new / i + (1 - 1/i) A_total;
-    - A = SA_1 if |SA_1| < |SA_2| else SA_2 (the smaller magnitude; a tie takes SA_2).
-
-    So a group collapsed now still gets (1/i or (i-1)/i of) its history's signal. Returns the
-    result (``augmented``: groups collapsed now that got a non-zero advantage from history) and
-    each group's updated ``(visits, n, mean, m2)``.
-
-    Where we chose: mean_total and std_total are the exact pooled statistics of all the prompt's
-    rewards (Chan's update of (n, mean, m2)); the authors' code pools per-visit means and
-    unbiased stds with equal weights (the same for equal group sizes, up to the std's degrees of
-    freedom). ``unbiased`` applies to both stds, as GRPO's ``algorithm.unbiased_std``.
-
-    Worked example (tests pin it): a prompt's 3rd visit, G = 4, R = [1, 0, 0, 0] after [1, 0, 0, 0]
-    and [1, 1, 0, 0]: A_new = 1.5 / -0.5; 4 of 12 correct: A_total = 1.3540 / -0.6770;
-    SA = 1.4027 (SA_2) for the correct sample, -0.5590 (SA_1) for the others.
-
-    >>> r = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
-    >>> res, new = dcpo_advantages(r, torch.zeros(4, dtype=torch.long), [(2, 8, 0.375, 1.875)])
-    >>> [round(a, 4) for a in res.advantages.tolist()], new
-    ([1.4027, -0.559, -0.559, -0.559], [(3, 12, 0.3333333333333333, 2.6666666666666665)])
-    """
-    stats = collapse_stats(rewards, group_ids, tau=tau)
-    m = stats.groups.num
-    if len(history) != m:
-        raise ValueError(f"{len(history)} prompt histories for {m} groups")
-    dtype = stats.mean.dtype
-    size = stats.groups.size.to(dtype)
-    prior = [h or (0, 0, 0.0, 0.0) for h in history]
-    visits = torch.tensor([p[0] + 1 for p in prior], dtype=dtype)  # i, this visit included
-    n0 = torch.tensor([p[1] for p in prior], dtype=dtype)
-    mean0 = torch.tensor([p[2] for p in prior], dtype=dtype)
-    m2_0 = torch.tensor([p[3] for p in prior], dtype=dtype)
-    n = n0 + size
-    delta = stats.mean - mean0
-    mean_t = mean0 + delta * size / n
-    m2_t = m2_0 + stats.m2 + delta * delta * n0 * size / n
-    collapsed_t = torch.sqrt(m2_t / n) < tau
-    r = rewards.to(dtype)
-    denom_new = _grpo_denom(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
-    a_new = _apply(r, stats, stats.mean, denom_new)
-    dof_t = (n - 1 if unbiased else n).clamp(min=1)
-    a_tot = _apply(r, stats, mean_t, _zero_where(torch.sqrt(m2_t / dof_t) + eps, collapsed_t))
-    w = (1.0 / visits)[stats.groups.index]  # [N] 1/i of each sample's group
-    sa_1 = w * a_tot + (1 - w) * a_new
-    sa_2 = w * a_new + (1 - w) * a_tot
-    advantages = torch.where(sa_1.abs() < sa_2.abs(), sa_1, sa_2)
-    nonzero = torch.zeros(m, dtype=torch.bool)
-    nonzero[stats.groups.index[advantages != 0]] = True  # [M] a sample got a signal
-    augmented = stats.collapsed & nonzero
-    updated = [(int(visits[j]), int(n[j]), float(mean_t[j]), float(m2_t[j])) for j in range(m)]
-    result = _result(stats, advantages, augmented=augmented, triggered=bool(augmented.any()))
-    return result, updated
-
-
-# ---------------------------------------------------------------------------------------------
-# Registry: every estimator has the signature fn(rewards, group_ids, cfg, *, tau_adapt,
-# reward_range, generator, history, trigger_acr) -> AdvantageResult, where cfg is an
-# AlgorithmConfig, history a PromptHistory (per-prompt state, for the estimators that keep one)
-# or None, and trigger_acr the windowed ACR the trigger uses (None: the step's). The
-# caller looks the name up and never special-cases one.
-
-Estimator = Callable[..., AdvantageResult]
-ESTIMATORS: dict[str, Estimator] = {}
-
-
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    def deco(fn: Estimator) -> Estimator:
-        if name in ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} registered twice")
-        ESTIMATORS[name] = fn
-        return fn
-
-    return deco
-
-
-def get_estimator(name: str) -> Estimator:
-    try:
-        return ESTIMATORS[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown advantage estimator {name!r}; registered: {sorted(ESTIMATORS)}"
-        ) from None
-
-
-@register_estimator("grpo")
-def _grpo(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    return grpo_advantages(rewards, group_ids, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau)
-
-
-@register_estimator("dr_grpo")
-def _dr_grpo(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    return grpo_advantages(rewards, group_ids, scale_by_std=False, tau=cfg.tau)
-
-
-@register_estimator("rloo")
-def _rloo(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    return rloo_advantages(rewards, group_ids, tau=cfg.tau)
-
-
-@register_estimator("avspo")
-def _avspo(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    a = cfg.avspo
-    return avspo_advantages(
-        rewards,
-        group_ids,
-        tau_adapt=tau_adapt,
-        alpha=a.alpha,
-        tau=cfg.tau,
-        eps=cfg.eps,
-        strategy=a.strategy,
-        r_anchor=a.r_anchor,
-        reward_range=reward_range,
-        k=a.k,
-        unbiased=cfg.unbiased_std,
-        generator=generator,
-        augment=a.augment,
-        trigger_acr=trigger_acr,
-    )
-
-
-@register_estimator("avspo_release")
-def _avspo_release(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    # tau_adapt and the trigger play no part: the rule fires on single-label groups (or steps).
-    return avspo_release_advantages(
-        rewards,
-        group_ids,
-        eps=cfg.eps,
-        tau=cfg.tau,
-        reward_range=reward_range,
-        unbiased=cfg.unbiased_std,
-        scope=cfg.avspo.release_scope,
-    )
-
-
-@dataclass
-class PromptHistory:
-    """Per-prompt state an estimator keeps across steps (DCPO): ``stats[key]`` by prompt key,
-    JSON-serialisable (checkpointed by the advantage stage); ``keys``: this call's group keys,
-    in group order, set by the caller."""
-
-    stats: dict[str, list] = field(default_factory=dict)
-    keys: list[str] | None = None
-
-
-@register_estimator("dcpo")
-def _dcpo(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    if history is None or history.keys is None:
-        raise ValueError("the dcpo estimator needs each group's prompt key (its history)")
-    # A prompt twice in one step: its second group sees the first one's update.
-    keys = history.keys
-    prior = [history.stats.get(k) for k in keys]
-    used = sum(
-        p is not None or k in keys[:i] for i, (k, p) in enumerate(zip(keys, prior, strict=True))
-    )
-    if len(set(keys)) == len(keys):
-        result, updated = dcpo_advantages(
-            rewards, group_ids, prior, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau
-        )
-        for key, state in zip(keys, updated, strict=True):
-            history.stats[key] = list(state)
-    else:
-        result = _dcpo_sequential(rewards, group_ids, cfg, history)
-    # groups whose advantage used history (the prompt's earlier visits, this step's included)
-    return dataclasses.replace(result, metrics={"dcpo/history_groups": float(used)})
-
-
-def _dcpo_sequential(rewards, group_ids, cfg, history) -> AdvantageResult:
-    """DCPO when a prompt occurs in more than one group of a step: one group at a time."""
-    stats = collapse_stats(rewards, group_ids, tau=cfg.tau)
-    index = stats.groups.index
-    advantages = torch.zeros_like(rewards, dtype=stats.mean.dtype)
-    augmented = torch.zeros(stats.groups.num, dtype=torch.bool)
-    for j, key in enumerate(history.keys):
-        rows = (index == j).nonzero().squeeze(-1)
-        res, (state,) = dcpo_advantages(
-            rewards[rows],
-            torch.zeros(len(rows), dtype=torch.long),
-            [history.stats.get(key)],
-            eps=cfg.eps,
-            unbiased=cfg.unbiased_std,
-            tau=cfg.tau,
-        )
-        advantages[rows] = res.advantages
-        augmented[j] = bool(res.augmented[0])
-        history.stats[key] = list(state)
-    return _result(stats, advantages, augmented=augmented, triggered=bool(augmented.any()))

@@ -33,9 +33,11 @@ import torch
 from torch import Tensor
 
 from diagnostics.acr import ACRMonitor, MonitorConfig, collapse_stats
-from learner.advantage import AdvantageResult, PromptHistory, get_estimator
+from learner.advantage import AdvantageResult
 from learner.batch import TrainBatch, build_batch
 from learner.config import AlgorithmConfig
+from learner.dcpo import PromptHistory
+from learner.estimators import get_estimator
 from learner.trigger import make_trigger
 from rollout.types import Group
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from learner.advantage import AUGMENT, ESTIMATORS, RELEASE_SCOPES, STRATEGIES
+from learner.advantage import AUGMENT, RELEASE_SCOPES, STRATEGIES
+from learner.estimators import ESTIMATORS
 from learner.logprobs import CHUNK_TOKENS, LOGITS_MODES
 from learner.loss import LossConfig
 from learner.trigger import TriggerConfig

@@ -10,16 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learner.advantage import (
-    ESTIMATORS,
     STRATEGIES,
     avspo_advantages,
-    get_estimator,
     grpo_advantages,
     rloo_advantages,
     virtual_moments,
     virtual_rewards,
 )
 from learner.config import AlgorithmConfig
+from learner.estimators import ESTIMATORS, get_estimator
 from tests.reference import ref_avspo, ref_grpo, ref_rloo
 
 F64 = torch.float64

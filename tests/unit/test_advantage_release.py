@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-from learner.advantage import avspo_release_advantages, get_estimator
+from learner.advantage import avspo_release_advantages
 from learner.advantage_stage import AdvantageStage
 from learner.config import AlgorithmConfig
+from learner.estimators import get_estimator
 from learner.trigger import TriggerConfig
 from tests.helpers import load  # Hydra compose of conf/ + to_train_config
 

@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from learner.advantage import dcpo_advantages
 from learner.advantage_stage import AdvantageStage
 from learner.config import AlgorithmConfig
+from learner.dcpo import dcpo_advantages
 from learner.loss import LossConfig, dynamic_clip_bounds, policy_loss
 from learner.trigger import TriggerConfig
 from tests.helpers import V, groups_of

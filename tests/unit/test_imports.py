@@ -21,6 +21,8 @@ PURE = [  # docs/ARCHITECTURE.md section 3: torch and the standard library only
     "learner/logprobs.py",
     "learner/batch.py",
     "learner/update.py",
+    "learner/dcpo.py",
+    "learner/estimators.py",
     "diagnostics/acr.py",
     "diagnostics/groups.py",
     "rollout/seeding.py",
