@@ -2,7 +2,7 @@
 pass@1, pass@k) of a model or a checkpoint (``trainer.resume=<checkpoint folder>``), as JSON on
 stdout. The sampled pass@k uses the seed the training run used at that checkpoint's step. A
 test-only task (e.g. ``task=math500 task.test_file=...``) needs no train split, and
-``trainer.eval_tasks`` evaluates several tasks at once (launch/loop.py)."""
+``trainer.eval_tasks`` evaluates several tasks at once (launch/loop.py ``evaluate_held_out``)."""
 
 from __future__ import annotations
 
@@ -21,17 +21,19 @@ from launch.config import exit_on_config_error, to_train_config
 def main(raw: DictConfig) -> None:
     with exit_on_config_error():
         cfg = to_train_config(raw)
-    from launch.loop import Trainer
+    from launch.loop import evaluate_held_out
+    from launch.resume import checkpoint_step
+    from launch.stages import build_stages
 
     log = functools.partial(print, file=sys.stderr)  # stdout is the JSON result
     with exit_on_config_error():
-        trainer = Trainer(cfg, Path.cwd(), log=log, learner=False)
+        stages = build_stages(cfg, Path.cwd(), log=log, train=False)
     try:
-        metrics = trainer.evaluate(trainer.checkpoint_step())
+        metrics = evaluate_held_out(cfg, stages, checkpoint_step(stages.resume_from))
     finally:
-        trainer.shutdown()
-    problems = sum(len(task.test) for task, _ in trainer.eval_sets.values())
-    print(json.dumps({"model": trainer.model_path, "num_problems": problems, **metrics}))
+        stages.shutdown()
+    problems = sum(len(task.test) for task, _ in stages.eval_sets.values())
+    print(json.dumps({"model": stages.model_path, "num_problems": problems, **metrics}))
 
 
 if __name__ == "__main__":

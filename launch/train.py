@@ -68,14 +68,18 @@ def main(raw: DictConfig) -> None:
     print(f"run directory: {run_dir}", flush=True)
 
     from launch.config import ConfigError
-    from launch.loop import CheckpointFailed, Stopped, Trainer, emergency_note
+    from launch.loop import Trainer
+    from launch.resume import CheckpointFailed, Stopped, emergency_note
+    from launch.stages import build_stages
 
     resume = " ".join(["python -m launch.train", *sys.argv[1:], "trainer.resume=auto"])
+    log = lambda line: print(line, flush=True)  # noqa: E731
     with exit_on_config_error(), stop_on_signals() as stop:
-        trainer = Trainer(cfg, run_dir, log=lambda line: print(line, flush=True))
+        stages = build_stages(cfg, run_dir, log=log)  # a bad config or file: exit 2, no actor
+        trainer = Trainer(cfg, stages, run_dir, log=log)
         stop.arm(trainer)
         try:
-            final = trainer.run()  # a resume refused (config or data changed): exit 2
+            final = trainer.run()
         except Stopped as err:
             where = f"checkpoint {err.folder}" if err.folder else "no checkpoint (no step done)"
             print(f"{err}; {where}; continue with: {resume}", file=sys.stderr, flush=True)
@@ -93,6 +97,7 @@ def main(raw: DictConfig) -> None:
             sys.exit(1)
         finally:
             trainer.shutdown()
+            stages.shutdown()
             # Each job of a --multirun starts its own Ray (its listen mode, its resources) and
             # leaves nothing behind; a joined cluster is only disconnected from.
             import ray

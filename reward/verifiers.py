@@ -40,6 +40,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from reward.extract import (
     CHOICE_LETTERS,
@@ -49,6 +50,9 @@ from reward.extract import (
     extract_last_number,
     parse_number,
 )
+
+if TYPE_CHECKING:
+    from rollout.types import Group
 
 REASONS = ("ok", "wrong", "no_answer", "timeout", "error")
 
@@ -224,3 +228,22 @@ def load_verifier_modules() -> None:
     extra verifiers; done in the parent and in every worker process."""
     for name in filter(None, os.environ.get("AVSPO_VERIFIER_MODULES", "").split(",")):
         importlib.import_module(name.strip())
+
+
+def score_truncated(groups: list[Group], verdicts: list, policy: str, lowest: float) -> list:
+    """``task.truncated``: ``as_is`` keeps the verdicts; ``lowest`` gives every response that
+    hit the length limit (finish reason "length") the task's lowest reward, reason "truncated".
+
+    >>> from rollout.types import Group, Sample
+    >>> done, cut = (Sample([5], [0.0], "4", reason, 0) for reason in ("stop", "length"))
+    >>> g = Group("p", [1], [done, cut])
+    >>> [(v.score, v.reason) for v in score_truncated([g], [Verdict(1.0, "ok")] * 2, "lowest", 0.0)]
+    [(1.0, 'ok'), (0.0, 'truncated')]
+    """
+    if policy == "as_is":
+        return verdicts
+    samples = [s for g in groups for s in g.samples]
+    return [
+        Verdict(lowest, "truncated") if s.finish_reason == "length" else v
+        for s, v in zip(samples, verdicts, strict=True)
+    ]

@@ -86,3 +86,62 @@ def groups_of(lengths: list[list[int]], truncated: set[tuple[int, int]] = frozen
         )
         for i, row in enumerate(lengths)
     ]
+
+
+class RecordingVerifier:
+    """The verifier stage's interface (launch/stages.py ``Verifier``) over a plain function
+    ``verify(groups, problems) -> verdicts``."""
+
+    restarts = 0
+
+    def __init__(self, verify):
+        self.fn = verify
+
+    def verify(self, groups, problems, task, truncated):
+        return self.fn(groups, problems)
+
+    def shutdown(self):
+        pass
+
+
+class NoWeightSync:
+    """The weight sync's interface (rollout/weight_sync.py ``WeightSync``), doing nothing."""
+
+    def before_update(self):
+        pass
+
+    def after_update(self, version):
+        return 0.0
+
+    def sync(self, version):
+        return 0.0
+
+
+def fake_stages(cfg, problems, rollout, verify, *, learner=None, sampler=None, resume_from=None):
+    """``launch.stages.Stages`` for the driver's own logic without Ray: the real advantage
+    stage and prompt sampler, ``rollout`` / ``verify`` / ``learner`` as given (fakes)."""
+    from launch.sampler import make_sampler
+    from launch.stages import Stages
+    from learner.advantage_stage import AdvantageStage
+    from reward.tasks import Task
+
+    task = Task("fake", "numeric", (0.0, 1.0), list(problems), [])
+    stage = AdvantageStage(
+        cfg.algorithm,
+        reward_range=(0.0, 1.0),
+        seed=0,
+        max_response_len=cfg.rollout.sampling.max_new_tokens,
+    )
+    return Stages(
+        task=task,
+        eval_sets={None: (task, cfg.task)},
+        model_path="fake",
+        resume_from=resume_from,
+        stage=stage,
+        sampler=sampler or make_sampler(task.train, cfg.trainer),
+        rollout=rollout,
+        verifier=RecordingVerifier(verify),
+        learner=learner,
+        weights=NoWeightSync(),
+        placement={},
+    )

@@ -92,7 +92,7 @@ def unit_checks(path: str) -> bool:
     import ray
     from transformers import AutoTokenizer
 
-    from launch.loop import start_beside_engines
+    from launch.stages import start_beside_engines
     from learner.config import LearnerConfig
     from learner.group import LearnerGroup
     from learner.loss import LossConfig

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from diagnostics.sinks import ConsoleSink, TensorBoardSink, wandb_mode
 from launch.config import TrainConfig
 from launch.heldout import evaluate, pass_at_k
-from launch.loop import Trainer, truncate_metrics
+from launch.loop import Trainer
+from launch.resume import truncate_metrics
 from launch.sampler import PromptSampler
 from reward.tasks import Problem
 from reward.verifiers import Verdict
 from rollout.types import Group, Sample
+from tests.helpers import fake_stages
 
 
 def _problems(n: int) -> list[Problem]:
@@ -62,11 +65,11 @@ class FakeStages:
 
 
 def _trainer(cfg: TrainConfig, problems, stages: FakeStages) -> Trainer:
-    t = Trainer.__new__(Trainer)  # the driver's logic only: no Ray, no actors
-    t.cfg, t.sampler = cfg, PromptSampler(problems, seed=0)
-    t.rollout = stages
-    t.verify = stages.verify
-    return t
+    """The real Trainer over the real sampler and advantage stage, fake generation and
+    verification (no Ray)."""
+    sampler = PromptSampler(problems, seed=0)
+    built = fake_stages(cfg, problems, stages, stages.verify, sampler=sampler)
+    return Trainer(cfg, built, Path("."))
 
 
 MIXED, ALL_RIGHT, ALL_WRONG = [True, False], [True, True], [False, False]
@@ -209,7 +212,7 @@ def test_trainer_config_has_the_stable_keys():
 
 def test_a_prompt_plus_its_response_budget_over_max_model_len_is_named():
     """The tiny tokenizer is one token per character plus <s>: "p" * 50 is 51 tokens."""
-    from launch.loop import context_problem
+    from launch.stages import context_problem
     from launch.tiny_model import build_tokenizer
     from reward.tasks import Task
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -15,11 +16,10 @@ from hydra import compose, initialize_config_dir
 from launch.config import ConfigError, TrainConfig, TrainerConfig, to_train_config
 from launch.loop import Trainer
 from launch.sampler import CollapseAwareSampler, PromptSampler, make_sampler
-from learner.advantage_stage import AdvantageStage
 from reward.tasks import Problem
 from reward.verifiers import Verdict
 from rollout.types import Group, Sample
-from tests.helpers import CONF
+from tests.helpers import CONF, fake_stages
 
 
 def _problems(n: int) -> list[Problem]:
@@ -271,17 +271,6 @@ class FakeRollout:
         return out
 
 
-class FakeWeights:
-    def before_update(self):
-        pass
-
-    def after_update(self, version):
-        return 0.0
-
-    def sync(self, version):
-        return 0.0
-
-
 class FakeLearner:
     def train_on(self, batch, learner_version=None):
         return {}
@@ -295,19 +284,13 @@ def _verify(groups, problems):
     ]
 
 
-def _trainer(cfg: TrainConfig, problems, pattern) -> Trainer:
-    t = Trainer.__new__(Trainer)  # the driver's logic only: no Ray, no actors
-    t.cfg, t.rollout, t.learner, t.verify = cfg, FakeRollout(pattern), FakeLearner(), _verify
-    t.verifier_restarts = 0
-    t.pending, t.one_step, t.weights = None, False, FakeWeights()  # sync loop on CPU
-    t.sampler = make_sampler(problems, cfg.trainer)
-    t.stage = AdvantageStage(
-        cfg.algorithm,
-        reward_range=(0.0, 1.0),
-        seed=0,
-        max_response_len=cfg.rollout.sampling.max_new_tokens,
-    )
-    return t
+def _trainer(
+    cfg: TrainConfig, problems, pattern, learner=None, run_dir=".", log=print, resume_from=None
+):
+    """The real Trainer over real pure stages (advantage stage, sampler) and fake Ray ones."""
+    rollout, learner = FakeRollout(pattern), learner or FakeLearner()
+    stages = fake_stages(cfg, problems, rollout, _verify, learner=learner, resume_from=resume_from)
+    return Trainer(cfg, stages, Path(run_dir), log=log)
 
 
 MIXED, RIGHT, WRONG = [True, False, True, True], [True] * 4, [False] * 4
@@ -396,19 +379,21 @@ def test_restore_loads_the_samplers_state_or_starts_a_changed_sampler_afresh(tmp
     trainer.resume_allow_changes) leaves the new one fresh, with a log line."""
     problems = _problems(6)
     cfg = _load("trainer.prompt_sampler=collapse_aware")
-    t = _trainer(cfg, problems, {i: MIXED for i in range(6)})
+    first = _trainer(cfg, problems, {i: MIXED for i in range(6)})
     before = make_sampler(problems, cfg.trainer)
     saved = make_sampler(problems, TrainerConfig(seed=4, prompt_sampler=saved_kind))
     saved.next(3)
     saved.update(["u1", "u2"], [True, False])
     state = {
         "step": 2,
-        "advantage_stage": t.stage.state_dict(),
+        "advantage_stage": first.stage.state_dict(),
         "extra": {"sampler": json.loads(json.dumps(saved.state_dict())), "accuracy_start": 0.5},
     }
     logs = []
-    t.learner, t.log, t.run_dir = FakeCheckpointLearner(state), logs.append, tmp_path
-    t.resume_from = tmp_path / "checkpoints" / "step_000002"
+    t = _trainer(
+        cfg, problems, {i: MIXED for i in range(6)}, learner=FakeCheckpointLearner(state),
+        run_dir=tmp_path, log=logs.append, resume_from=tmp_path / "checkpoints" / "step_000002",
+    )  # fmt: skip
     assert t.restore() == 2
     if saved_kind == "collapse_aware":
         assert t.sampler.state_dict() == saved.state_dict()

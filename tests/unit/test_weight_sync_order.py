@@ -6,7 +6,7 @@ Recording stand-ins for the two groups: the real groups are driven by tests/roll
 from __future__ import annotations
 
 from launch.config import TrainConfig
-from launch.loop import engines_sleep, start_beside_engines
+from launch.stages import engines_sleep, start_beside_engines
 from rollout.config import RolloutConfig
 from rollout.weight_sync import WeightSync
 

