@@ -15,6 +15,9 @@ False
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import torch
 
 from learner.config import LearnerConfig
@@ -102,3 +105,23 @@ def auto_micro_batch_tokens(
     per_token = per_token * elem / 2
     tokens = int(free_bytes * fraction / max(sharing, 1) / per_token)
     return max(256, min(65536, tokens))
+
+
+def clear_stale_build_lock(
+    name: str = "deepspeed_shm_comm", older_than_s: float = 600.0
+) -> str | None:
+    """Remove torch's JIT build lock of the extension ``name`` (DeepSpeed's CPU shm op, built on
+    the first ``deepspeed.init_distributed`` of a machine) when it is older than any build (one
+    takes ~30 s here): a process killed while building leaves the lock behind, and every later
+    run then waits on it forever. Returns the removed path, else None."""
+    from torch.utils import cpp_extension
+
+    try:
+        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
+        if time.time() - lock.stat().st_mtime < older_than_s:
+            return None
+        lock.unlink()
+    except (OSError, AttributeError):  # no lock (or a torch without the helper)
+        return None
+    print(f"learner: removed a stale build lock {lock} (older than {older_than_s:.0f} s)")
+    return str(lock)

@@ -24,183 +24,27 @@ import math
 import os
 import socket
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import LearnerConfig
 from learner.logprobs import (
-    CHUNK_TOKENS,
-    distinct_prompts,
     logits_problem,
     model_intrinsic,
     model_logprobs,
     prefix_problem,
 )
-from learner.loss import LOG_RATIO_CLAMP, LossConfig, LossOutput, policy_loss
-from learner.policy import available_ram_bytes, deepspeed_config, learner_dtype, load_policy
+from learner.loss import LossConfig
+from learner.policy import (
+    available_ram_bytes,
+    clear_stale_build_lock,
+    deepspeed_config,
+    learner_dtype,
+    load_policy,
+)
+from learner.update import RankMetrics, decoder_tokens, microbatch_loss, truncated_is_weights
 from rollout.devices import dist_backend, reserved_device
-
-
-@dataclass
-class RankMetrics:
-    """One rank's sums over a ``train`` call (every epoch): token-weighted loss terms, the
-    optimizer steps and their grad norms, and the engine/learner log-prob mismatch."""
-
-    tokens: float = 0.0  # response tokens seen (over every epoch)
-    pg_loss: float = 0.0  # token sums of each metric, divided by ``tokens`` by the group
-    kl_loss: float = 0.0
-    entropy: float = 0.0
-    pg_clipfrac: float = 0.0
-    approx_kl: float = 0.0
-    optimizer_steps: int = 0
-    skipped_steps: int = 0
-    grad_norms: list[float] = field(default_factory=list)
-    mismatch_tokens: float = 0.0  # tokens over which the mismatch below was measured
-    logprob_abs_diff: float = 0.0  # sum of |logp_learner - logp_engine|, same policy version
-    logprob_abs_diff_max: float = 0.0
-    lag_tokens: float = 0.0  # tokens of samples older than the learner's version
-    lag_abs_diff: float = 0.0  # their sum of |logp_learner - logp_engine| (lag + numerics)
-    lag_abs_diff_max: float = 0.0
-    is_tokens: float = 0.0  # tokens over which the IS weights below were applied
-    is_weight: float = 0.0  # sum of the applied truncated IS weights
-    is_clipped: float = 0.0  # tokens whose weight hit the cap
-    lr: float = 0.0
-    seconds: float = 0.0
-    decoder_tokens: float = 0.0  # tokens through the decoder with gradients (every epoch)
-
-    def add_loss(self, metrics: dict, tokens: float) -> None:
-        self.tokens += tokens
-        for name in ("pg_loss", "kl_loss", "entropy", "pg_clipfrac", "approx_kl"):
-            setattr(self, name, getattr(self, name) + float(metrics.get(name, 0.0)) * tokens)
-
-    def add_mismatch(self, learner, engine, mask, cap: float | None, lagged=None) -> None:
-        """Log-prob gap on response tokens, split by whether the sample is of the learner's
-        policy version (the numerical gap) or older (``lagged [B]`` bool: policy lag plus the
-        numerical gap); IS weights as applied (1 without a cap/bypass)."""
-        m = mask.bool()
-        full = learner - engine  # [B, T]
-        old = torch.zeros_like(m) if lagged is None else lagged.bool()[:, None] & m
-
-        def gap(part):  # (tokens, sum, max) of |learner - engine| over ``part``
-            d = full[part].abs()
-            return float(part.sum()), float(d.sum()), float(d.max()) if d.numel() else 0.0
-
-        n, total, peak = gap(m & ~old)
-        self.mismatch_tokens += n
-        self.logprob_abs_diff += total
-        self.logprob_abs_diff_max = max(self.logprob_abs_diff_max, peak)
-        n, total, peak = gap(old)
-        self.lag_tokens += n
-        self.lag_abs_diff += total
-        self.lag_abs_diff_max = max(self.lag_abs_diff_max, peak)
-        diff = full[m]
-        self.is_tokens += float(m.sum())
-        if cap is None:
-            self.is_weight += float(m.sum())
-            return
-        weights, clipped = truncated_is_weights(diff, cap)
-        self.is_weight += float(weights.sum())
-        self.is_clipped += float(clipped.sum())
-
-
-def truncated_is_weights(log_ratio: torch.Tensor, cap: float):
-    """``(min(exp(log_ratio), cap), exp(log_ratio) > cap)``, the log-ratio clamped at +20
-    first (learner/loss.py)."""
-    raw = torch.exp(torch.clamp(log_ratio, max=LOG_RATIO_CLAMP))
-    return torch.clamp(raw, max=cap), raw > cap
-
-
-def microbatch_loss(
-    model,
-    mb: TrainBatch,
-    cfg: LossConfig,
-    *,
-    temperature: float,
-    total_tokens: float,
-    total_seqs: float,
-    reference=None,
-    logits: str = "chunked",
-    chunk_tokens: int = CHUNK_TOKENS,
-    chunks: int | None = None,
-    shared_prefix: bool = False,
-) -> tuple[LossOutput, torch.Tensor]:
-    """Forward ``mb`` through ``model`` (a DeepSpeed engine or any causal LM, on its device),
-    score its response tokens at ``temperature`` (learner/logprobs.py: ``logits`` mode, pieces of
-    ``chunk_tokens`` positions, ``chunks`` pieces when given) and return the policy loss of this
-    piece of a mini-batch (with the mini-batch's global counts) and the current log-probs
-    ``[B, T]`` (0 outside the response). ``shared_prefix``: each distinct prompt runs once
-    (learner/logprobs.py ``shared_prefix_hidden``)."""
-    if cfg.aggregation == "seq-mean-token-sum-norm" and cfg.norm_len is None:
-        raise ValueError("loss.norm_len must be set (the max response length) for Dr. GRPO")
-    mb = mb.to(model.device)
-    score = dict(
-        temperature=temperature,
-        logits=logits,
-        chunk_tokens=chunk_tokens,
-        token_mask=mb.response_mask,
-        prompt_lens=mb.prompt_lens if shared_prefix else None,
-    )
-    logp, entropy = model_logprobs(
-        model, mb.input_ids, mb.attention_mask, with_entropy=True, chunks=chunks, **score
-    )
-    ref_logp = None
-    if reference is not None:
-        with torch.no_grad():
-            ref_logp, _ = model_logprobs(reference, mb.input_ids, mb.attention_mask, **score)
-    out = policy_loss(
-        logp,
-        mb.old_logprobs,
-        mb.advantages,
-        mb.response_mask,
-        clip_low=cfg.clip_low,
-        clip_high=cfg.clip_high,
-        clip_ratio_c=cfg.clip_ratio_c,
-        clip_mode=cfg.clip_mode,
-        clip_ratio_max=cfg.clip_ratio_max,
-        aggregation=cfg.aggregation,
-        norm_len=cfg.norm_len,
-        ref_logprobs=ref_logp,
-        kl_coef=cfg.kl_coef,
-        entropy=entropy,
-        entropy_coef=cfg.entropy_coef,
-        is_weights=mb.is_weights,
-        total_tokens=total_tokens,
-        total_seqs=total_seqs,
-    )
-    return out, logp
-
-
-def decoder_tokens(mb: TrainBatch, shared_prefix: bool) -> float:
-    """Tokens a forward pass of ``mb`` runs through the decoder: every real token, or with the
-    shared prefix each distinct prompt once plus each response but its last token."""
-    if not shared_prefix or mb.prompt_lens is None:
-        return float(mb.attention_mask.sum())
-    first, _ = distinct_prompts(mb.input_ids, mb.prompt_lens)
-    responses = (mb.attention_mask.sum(1) - mb.prompt_lens - 1).clamp(min=0)
-    return float(mb.prompt_lens[first].sum() + responses.sum())
-
-
-def clear_stale_build_lock(
-    name: str = "deepspeed_shm_comm", older_than_s: float = 600.0
-) -> str | None:
-    """Remove torch's JIT build lock of the extension ``name`` (DeepSpeed's CPU shm op, built on
-    the first ``deepspeed.init_distributed`` of a machine) when it is older than any build (one
-    takes ~30 s here): a process killed while building leaves the lock behind, and every later
-    run then waits on it forever. Returns the removed path, else None."""
-    from torch.utils import cpp_extension
-
-    try:
-        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
-        if time.time() - lock.stat().st_mtime < older_than_s:
-            return None
-        lock.unlink()
-    except (OSError, AttributeError):  # no lock (or a torch without the helper)
-        return None
-    print(f"learner: removed a stale build lock {lock} (older than {older_than_s:.0f} s)")
-    return str(lock)
 
 
 class LearnerRank:

@@ -72,7 +72,7 @@ def child(args) -> None:
     from learner.config import LearnerConfig
     from learner.loss import LossConfig
     from learner.policy import load_policy
-    from learner.rank import microbatch_loss
+    from learner.update import microbatch_loss
 
     if args.threads:
         torch.set_num_threads(args.threads)

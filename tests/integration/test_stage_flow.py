@@ -1,6 +1,6 @@
 """The production stages in process, no Ray: rollout (hf engine) -> verifier pool -> the driver's
 advantage stage + ACR monitor (AdvantageStage.process) -> the rank's micro-batch loss
-(learner.rank.microbatch_loss) and its gradient, at a sampling temperature != 1."""
+(learner.update.microbatch_loss) and its gradient, at a sampling temperature != 1."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from learner.advantage_stage import AdvantageStage
 from learner.config import AlgorithmConfig
 from learner.loss import LossConfig
-from learner.rank import microbatch_loss
 from learner.trigger import TriggerConfig
+from learner.update import microbatch_loss
 from reward import verify
 from reward.tasks import TaskConfig, make_task
 from rollout.hf_engine import HFEngine

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from learner.rank import clear_stale_build_lock
+from learner.policy import clear_stale_build_lock
 
 
 def test_an_old_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):

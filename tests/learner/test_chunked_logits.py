@@ -13,7 +13,7 @@ from learner.config import LearnerConfig
 from learner.logprobs import logits_problem, model_logprobs, token_logprobs
 from learner.loss import LossConfig
 from learner.policy import load_policy
-from learner.rank import microbatch_loss
+from learner.update import microbatch_loss
 from rollout.types import Group, Sample
 
 

@@ -11,7 +11,7 @@ import torch
 from learner.batch import build_batch
 from learner.logprobs import token_logprobs
 from learner.loss import AGGREGATIONS, LossConfig
-from learner.rank import microbatch_loss
+from learner.update import microbatch_loss
 from rollout.types import Group, Sample
 
 
