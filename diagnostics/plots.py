@@ -10,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from diagnostics.runs import Run, early_warning_step
-
-PAPER_INTERCEPT, PAPER_SLOPE, PAPER_R2 = 51.4, -29.6, 0.617  # accuracy in percent vs ACR100
+from diagnostics.stats import PAPER_INTERCEPT, PAPER_R2, PAPER_SLOPE
 
 
 def _figure(nrows: int = 1):
@@ -122,7 +121,7 @@ def plot_cross(points: list[tuple[str, float, float]], fit: tuple | None, path: 
     ax.scatter(xs, ys, color="C0", zorder=3, label="runs")
     for label, x, y in points:
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
-    paper = f"paper: 51.4 - 29.6 x (R^2 = {PAPER_R2})"
+    paper = f"paper: {PAPER_INTERCEPT} - {-PAPER_SLOPE} x (R^2 = {PAPER_R2})"
     ax.plot([0, 1], [PAPER_INTERCEPT, PAPER_INTERCEPT + PAPER_SLOPE], "--", c="0.5", label=paper)
     if fit is not None:
         (a, b, r2), lo, hi = fit, min(xs), max(xs)

@@ -40,10 +40,10 @@ from pathlib import Path
 import yaml
 
 from diagnostics.external import ExternalRun, RunDataError, find_format, load_external
-from diagnostics.plots import PAPER_INTERCEPT, PAPER_R2, PAPER_SLOPE, PLOTS, plot_cross, plot_run
+from diagnostics.plots import PLOTS, plot_cross, plot_run
 from diagnostics.runs import Run, early_warning_step
+from diagnostics.stats import PAPER_INTERCEPT, PAPER_LINE, PAPER_SLOPE, fit_line
 
-PAPER_LINE = f"accuracy (%) = 51.4 - 29.6 x ACR100, R^2 = {PAPER_R2} (arXiv 2605.21125)"
 TIMING_PARTS = ("generate", "verify", "advantage", "learner", "weight_sync")
 
 
@@ -260,44 +260,6 @@ def _timing(run: Run) -> tuple[float | None, dict[str, float]]:
     shares = {p: v / total for p, v in parts.items()}
     shares["other"] = max(0.0, 1.0 - math.fsum(shares.values()))
     return (total / len(step_times) if step_times else None), shares
-
-
-def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
-    """Least-squares line ``y = intercept + slope * x`` and its R^2: ``(intercept, slope, r2)``.
-
-    With S_uv = sum_i (u_i - mean u)(v_i - mean v): slope = S_xy / S_xx,
-    intercept = mean y - slope * mean x, R^2 = S_xy^2 / (S_xx * S_yy) (= 1 - SS_res / SS_tot).
-    R^2 is nan when all y are equal (nothing to explain). Raises ValueError for fewer than two
-    points, lists of different lengths, non-finite values, or all x equal (no line determined).
-
-    Three points on y = 1 + 2x:
-
-    >>> fit_line([0, 1, 2], [1, 3, 5])
-    (1.0, 2.0, 1.0)
-
-    x = 0..3, y = 1, 2, 2, 4: means 1.5 and 2.25; S_xx = 2.25 + 0.25 + 0.25 + 2.25 = 5,
-    S_xy = 1.875 + 0.125 - 0.125 + 2.625 = 4.5, S_yy = 1.5625 + 0.0625 + 0.0625 + 3.0625 = 4.75;
-    slope = 4.5 / 5 = 0.9, intercept = 2.25 - 0.9 * 1.5 = 0.9, R^2 = 20.25 / 23.75 = 81 / 95.
-
-    >>> a, b, r2 = fit_line([0, 1, 2, 3], [1, 2, 2, 4])
-    >>> round(a, 9), round(b, 9), round(r2, 9) == round(81 / 95, 9)
-    (0.9, 0.9, True)
-    """
-    if len(xs) != len(ys) or len(xs) < 2:
-        raise ValueError(f"a line needs >= 2 (x, y) pairs, got {len(xs)} x and {len(ys)} y")
-    xs, ys = [float(x) for x in xs], [float(y) for y in ys]
-    if not all(math.isfinite(v) for v in xs + ys):
-        raise ValueError("fit_line needs finite values")
-    if max(xs) == min(xs):
-        raise ValueError(f"all x values equal {xs[0]}: no line (and no R^2) is determined")
-    if max(ys) == min(ys):
-        return ys[0], 0.0, math.nan
-    mx, my = math.fsum(xs) / len(xs), math.fsum(ys) / len(ys)
-    sxx = math.fsum((x - mx) ** 2 for x in xs)
-    syy = math.fsum((y - my) ** 2 for y in ys)
-    sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    slope = sxy / sxx
-    return my - slope * mx, slope, sxy * sxy / (sxx * syy)
 
 
 # --- run report ------------------------------------------------------------------------------

@@ -8,7 +8,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from diagnostics.stats import Estimate, estimate, fit, paired
+from diagnostics.stats import (
+    PAPER_INTERCEPT,
+    PAPER_LINE,
+    PAPER_SLOPE,
+    Estimate,
+    estimate,
+    fit,
+    paired,
+)
 from launch.experiments import FIGURES, ROOT, Experiment, cell_id
 from launch.grid import command, latest, models_of, read_rows, rows_of
 
@@ -189,12 +197,7 @@ def fit_markdown(exp: Experiment, rows: list[dict], spec: dict, paper: bool = Tr
         f"Fit over {f.n} runs: {y} (%) = {f.intercept:.1f} {'-' if f.slope < 0 else '+'} "
         f"{abs(f.slope):.1f} x {x}, R^2 = {f.r2:.3f}; 95% band half-width at the mean "
         f"{x} ({f.mean_x:.2f}): {f.band(f.mean_x):.1f} points."
-        + (
-            " The paper: accuracy (%) = 51.4 - 29.6 x ACR100, R^2 = 0.617 (245 runs of Qwen2.5 "
-            "models on MATH)."
-            if paper
-            else ""
-        ),
+        + (f" The paper: {PAPER_LINE}, over 245 runs of Qwen2.5 models on MATH." if paper else ""),
         "",
     ]
 
@@ -242,7 +245,8 @@ def write_plots(exp: Experiment, rows: list[dict], folder: Path, suffix: str = "
             upper = [a + b for a, b in zip(line, band, strict=True)]
             ax.fill_between(grid, lower, upper, alpha=0.2, label="95% band")
             if i == 0:  # the paper's predictor
-                ax.plot([0, 1], [51.4, 51.4 - 29.6], "--", label="paper: 51.4 - 29.6 x ACR100")
+                paper = [PAPER_INTERCEPT, PAPER_INTERCEPT + PAPER_SLOPE]
+                ax.plot([0, 1], paper, "--", label="paper's line")
             ax.set_xlabel(spec["x"])
             ax.set_ylabel(f"{spec['y']} (%)")
             ax.legend(fontsize=7)

@@ -14,12 +14,12 @@ import pytest
 
 from diagnostics.report import (
     RunDataError,
-    fit_line,
     load_run,
     summarize,
     write_cross_run,
     write_report,
 )
+from diagnostics.stats import fit_line
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
