@@ -1,0 +1,69 @@
+"""Size limits of the source (issue 27): no file over 500 lines, no function over 60 lines
+(signature, docstring and body), checked with ast. The allow-list names the functions still over
+the limit, each with its length when it was listed: none may grow, and a function that shrinks
+below the limit must leave the list (the test says so)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from tests.helpers import ROOT
+
+PACKAGES = ("rollout", "reward", "learner", "diagnostics", "launch")
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 60
+# "path:qualified name" -> its length when listed. Each is to be split (issue 27 is open on
+# them): the AVSPO rules and DCPO carry long worked-example docstrings, the rank's init and train
+# are the DeepSpeed set-up and the epoch loop, the others the harness and the monitor's step.
+ALLOWED = {
+    "learner/advantage.py:avspo_advantages": 83,
+    "learner/advantage.py:avspo_release_advantages": 89,
+    "learner/dcpo.py:dcpo_advantages": 72,
+    "learner/rank.py:LearnerRank.init": 66,
+    "learner/rank.py:LearnerRank.train": 70,
+    "learner/advantage_stage.py:AdvantageStage.process": 64,
+    "learner/loss.py:policy_loss": 65,
+    "diagnostics/acr.py:ACRMonitor.update": 74,
+    "launch/experiments.py:load_experiment": 78,
+    "launch/experiments.py:summarize_run": 69,
+}
+
+
+def sources():
+    for package in PACKAGES:
+        yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def functions(tree: ast.AST, prefix: str = ""):
+    """``(qualified name, lines)`` of every function, methods as ``Class.name``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.ClassDef):
+            yield from functions(node, f"{prefix}{node.name}.")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield f"{prefix}{node.name}", node.end_lineno - node.lineno + 1
+            yield from functions(node, f"{prefix}{node.name}.")
+
+
+def test_no_source_file_over_500_lines():
+    lines = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in sources()}
+    assert {p: n for p, n in lines.items() if n > MAX_FILE_LINES} == {}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_function_over_60_lines_beyond_the_allow_list(package):
+    seen = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for name, lines in functions(ast.parse(path.read_text())):
+            key = f"{rel}:{name}"
+            if lines > MAX_FUNCTION_LINES and key not in ALLOWED:
+                pytest.fail(f"{key} has {lines} lines (limit {MAX_FUNCTION_LINES})")
+            if key in ALLOWED:
+                seen[key] = lines
+    for key, listed in ALLOWED.items():
+        if not key.startswith(f"{package}/"):
+            continue
+        assert key in seen, f"{key} is in the allow-list but no longer exists: remove it"
+        assert seen[key] <= listed, f"{key} grew from {listed} to {seen[key]} lines"
+        assert seen[key] > MAX_FUNCTION_LINES, f"{key} is within the limit now: unlist it"
