@@ -85,9 +85,8 @@ def cell_id(cell: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in cell.items())
 
 
-def load_experiment(name_or_path: str) -> Experiment:
-    """``conf/reproduce/<name>.yaml`` or a path; relative paths inside resolve against the
-    repository root. Unknown keys and malformed values raise :class:`ExperimentError`."""
+def _experiment_file(name_or_path: str) -> tuple[Path, dict]:
+    """The file (``conf/reproduce/<name>.yaml`` or a path) and its YAML mapping."""
     path = Path(name_or_path)
     if not path.suffix:
         path = CONF / f"{name_or_path}.yaml"
@@ -98,25 +97,23 @@ def load_experiment(name_or_path: str) -> Experiment:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ExperimentError(f"{path}: not valid YAML: {e}") from None
-
-    def bad(key: str, why: str) -> ExperimentError:
-        return ExperimentError(f"{path}: {key}: {why}")
-
     if not isinstance(raw, dict):
-        raise bad("(top level)", "must be a mapping")
+        raise ExperimentError(f"{path}: (top level): must be a mapping")
     for key in raw:
         if key not in KEYS:
-            raise bad(key, f"unknown key (known: {', '.join(sorted(KEYS))})")
-    seeds = raw.get("seeds", [0])
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
-        raise bad("seeds", "must be a non-empty list of integers")
+            raise ExperimentError(f"{path}: {key}: unknown key (known: {', '.join(sorted(KEYS))})")
+    return path, raw
 
-    def overrides(value, key: str) -> list[str]:
-        value = value if value is not None else []
-        if not (isinstance(value, list) and all(isinstance(o, str) for o in value)):
-            raise bad(key, "must be a list of override strings")
-        return value
 
+def _overrides(value, bad, key: str) -> list[str]:
+    value = value if value is not None else []
+    if not (isinstance(value, list) and all(isinstance(o, str) for o in value)):
+        raise bad(key, "must be a list of override strings")
+    return value
+
+
+def _axes(raw: dict, bad) -> tuple[dict, dict]:
+    """The axes ``{axis: {value: overrides}}`` and the baseline cell, checked."""
     axes_raw = raw.get("axes")
     if not (isinstance(axes_raw, dict) and axes_raw):
         raise bad("axes", "must map each axis name to {value: [overrides]}")
@@ -124,16 +121,19 @@ def load_experiment(name_or_path: str) -> Experiment:
     for axis, values in axes_raw.items():
         if not (isinstance(values, dict) and values):
             raise bad(f"axes.{axis}", "must map each value name to a list of overrides")
-        axes[str(axis)] = {str(v): overrides(o, f"axes.{axis}.{v}") for v, o in values.items()}
+        axes[str(axis)] = {
+            str(v): _overrides(o, bad, f"axes.{axis}.{v}") for v, o in values.items()
+        }
     baseline = raw.get("baseline") or {}
     if not isinstance(baseline, dict):
         raise bad("baseline", "must map axes to the baseline's values")
     for axis, value in baseline.items():
         if axis not in axes or str(value) not in axes[axis]:
             raise bad(f"baseline.{axis}", f"{value!r} is not a value of an axis")
-    tables_by = raw.get("tables_by")
-    if tables_by is not None and tables_by not in axes:
-        raise bad("tables_by", f"{tables_by!r} is not an axis")
+    return axes, {str(k): str(v) for k, v in baseline.items()}
+
+
+def _fits(raw: dict, bad) -> list[dict]:
     fit_cfg = raw.get("fit")
     fits = [] if fit_cfg is None else [fit_cfg] if isinstance(fit_cfg, dict) else fit_cfg
     if not isinstance(fits, list):
@@ -142,6 +142,24 @@ def load_experiment(name_or_path: str) -> Experiment:
         if not (isinstance(one, dict) and {"x", "y"} <= set(one)):
             where_ = "fit" if isinstance(fit_cfg, dict) else f"fit[{i}]"
             raise bad(where_, "must be {x: <row key>, y: <row key>}")
+    return fits
+
+
+def load_experiment(name_or_path: str) -> Experiment:
+    """``conf/reproduce/<name>.yaml`` or a path; relative paths inside resolve against the
+    repository root. Unknown keys and malformed values raise :class:`ExperimentError`."""
+    path, raw = _experiment_file(name_or_path)
+
+    def bad(key: str, why: str) -> ExperimentError:
+        return ExperimentError(f"{path}: {key}: {why}")
+
+    seeds = raw.get("seeds", [0])
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        raise bad("seeds", "must be a non-empty list of integers")
+    axes, baseline = _axes(raw, bad)
+    tables_by = raw.get("tables_by")
+    if tables_by is not None and tables_by not in axes:
+        raise bad("tables_by", f"{tables_by!r} is not an axis")
     name = path.stem
 
     def where(key: str, default: str) -> Path:
@@ -152,15 +170,15 @@ def load_experiment(name_or_path: str) -> Experiment:
         name=name,
         path=path,
         seeds=seeds,
-        base=overrides(raw.get("base"), "base"),
+        base=_overrides(raw.get("base"), bad, "base"),
         axes=axes,
-        baseline={str(k): str(v) for k, v in baseline.items()},
+        baseline=baseline,
         results=where("results", f"docs/results/{name}.jsonl"),
         runs_dir=where("runs_dir", f"runs/reproduce/{name}"),
         report=where("report", "docs/RESULTS.md"),
         description=str(raw.get("description", "")).strip(),
         tables_by=tables_by,
-        fits=fits,
+        fits=_fits(raw, bad),
         timeout_s=float(raw.get("timeout_s", 3600.0)),
     )
 
@@ -168,13 +186,9 @@ def load_experiment(name_or_path: str) -> Experiment:
 # --- one run's row --------------------------------------------------------------------------
 
 
-def summarize_run(run_dir: Path) -> dict:
-    """The figures of one finished run (module docstring), from its metrics.jsonl and config."""
-    from diagnostics.report import load_run, summarize
-
-    run = load_run(run_dir)
-    s = summarize(run)
-    steps = s["last_step"]
+def run_evals(run) -> tuple[list[dict], int | None, float]:
+    """Each evaluation step's accuracy, pass@k and mean@k with the rollout tokens generated up
+    to it; k; the run's generated tokens."""
     gen_steps, gen = run.series("rollout/generated_tokens")
     cumulative, total = {}, 0.0
     for step, v in zip(gen_steps, gen, strict=True):
@@ -198,6 +212,17 @@ def summarize_run(run_dir: Path) -> dict:
                 "generated_tokens": tokens,
             }
         )
+    return evals, k, total
+
+
+def summarize_run(run_dir: Path) -> dict:
+    """The figures of one finished run (module docstring), from its metrics.jsonl and config."""
+    from diagnostics.report import load_run, summarize
+
+    run = load_run(run_dir)
+    s = summarize(run)
+    steps = s["last_step"]
+    evals, k, total = run_evals(run)
     start = next((e for e in evals if e["step"] == 0), None)
     end = evals[-1] if evals and evals[-1]["step"] >= 1 else None
 
@@ -216,15 +241,13 @@ def summarize_run(run_dir: Path) -> dict:
         "start_accuracy": start and start["accuracy"],
         "final_accuracy": end and end["accuracy"],
         "gain": (end["accuracy"] - start["accuracy"]) if start and end else None,
-        "start_pass_at_k": start and start["pass_at_k"],
-        "final_pass_at_k": end and end["pass_at_k"],
-        "start_mean_at_k": start and start["mean_at_k"],
-        "final_mean_at_k": end and end["mean_at_k"],
+        **{
+            f"{when}_{key}": e and e[key]
+            for when, e in (("start", start), ("final", end))
+            for key in ("pass_at_k", "mean_at_k")
+        },
         "evals": evals,
-        "acr_raw": s["mean_acr_raw"],
-        "acr_effective": s["mean_acr_effective"],
-        "acr_high": s["mean_acr_high"],
-        "acr_low": s["mean_acr_low"],
+        **{f"acr_{key}": s[f"mean_acr_{key}"] for key in ("raw", "effective", "high", "low")},
         # the first quarter of the run (at least one step); ACR100 only where 100 steps ran
         "early_acr": mean_over("acr/raw", early),
         # its strata: all-incorrect groups (no signal to learn from) and all-correct (solved)

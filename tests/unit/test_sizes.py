@@ -25,8 +25,6 @@ ALLOWED = {
     "learner/advantage_stage.py:AdvantageStage.process": 64,
     "learner/loss.py:policy_loss": 65,
     "diagnostics/acr.py:ACRMonitor.update": 74,
-    "launch/experiments.py:load_experiment": 78,
-    "launch/experiments.py:summarize_run": 69,
 }
 
 
