@@ -142,6 +142,12 @@ class HFEngine:
             )
         self.policy_version = version
 
+    def sleep(self) -> None:
+        """Nothing to release (the engine for CPUs and debugging has no sleep mode)."""
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """See :meth:`sleep`."""
+
     def weights_checksum(self) -> tuple[float, float]:
         """rollout/collective.py ``checksum`` of the model's parameters."""
         from rollout.collective import checksum

@@ -110,10 +110,10 @@ class RolloutWorker:
 
     def sleep(self) -> None:
         """Release the engine's device memory for the learner's update (colocated, GPU)."""
-        getattr(self.engine, "sleep", lambda: None)()
+        self.engine.sleep()
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        getattr(self.engine, "wake_up", lambda tags: None)(tags)
+        self.engine.wake_up(tags)
 
     def pid(self) -> int:
         """This actor's process id (fault-injection tests kill it)."""
@@ -124,7 +124,7 @@ class RolloutWorker:
     # collective weight sync (rollout/collective.py)
     def weight_sync_ranks(self) -> int:
         """Processes of this engine in the sync group (its tensor-parallel size)."""
-        return int(getattr(self.engine, "tensor_parallel_size", 1))
+        return int(getattr(self.engine, "tensor_parallel_size", 1))  # the hf engine: one
 
     def open_weight_group(self, group, first_rank: int, specs) -> list[int]:
         return self.engine.open_weight_group(group, first_rank, specs)

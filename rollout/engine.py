@@ -1,0 +1,41 @@
+"""What a rollout engine is: the calls the Ray worker (rollout/worker.py) makes on it. Two
+implement it: ``VLLMEngine`` (rollout/vllm_engine.py) and ``HFEngine`` (rollout/hf_engine.py);
+tests/unit/test_engine_protocol.py checks that both have every method with these parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+
+from rollout.types import Group, SamplingConfig
+
+
+class Engine(Protocol):
+    policy_version: int  # the weights' version, stamped on every sample
+
+    def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
+        """``params.n`` samples per prompt, in prompt order, seeded per (prompt, sample)."""
+
+    def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """Log-probs of ``response_ids`` after ``prompt_ids``."""
+
+    def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]], version: int) -> None:
+        """New weights, one ``{name: tensor}`` bucket at a time (the object-store sync)."""
+
+    def open_weight_group(self, group, first_rank: int, specs) -> list[int]:
+        """Join the collective sync group (rollout/collective.py ``SyncGroup``); its ranks."""
+
+    def receive_weights(self, version: int) -> None:
+        """Receive ``version`` from learner rank 0's broadcast and load it in place."""
+
+    def weights_checksum(self) -> tuple[float, float]:
+        """(sum, sum of squares) of the weights (rollout/collective.py ``checksum``)."""
+
+    def sleep(self) -> None:
+        """Release device memory for a colocated update (a no-op where there is nothing to
+        release)."""
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take the memory back: ``["weights"]``, then ``["kv_cache"]``; None: all."""
