@@ -208,6 +208,9 @@ def test_cli_rejects_bad_values_before_any_actor_starts(tmp_path, override, mess
     run_dir, ray_tmp = tmp_path / "run", tmp_path / "ray"
     bad = run_train(override, f"trainer.run_dir={run_dir}", run_dir=tmp_path, ray_tmp=ray_tmp)
     assert bad.returncode == 2, bad.stdout + bad.stderr
+    # the exit code the README and the configuration page state
+    assert "exit 2" in (ROOT / "README.md").read_text()
+    assert "exit code 2" in (ROOT / "docs" / "configuration.md").read_text()
     last = bad.stderr.strip().splitlines()[-1]
     assert last.startswith(message), last
     assert "Traceback" not in bad.stderr
