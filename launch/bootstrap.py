@@ -202,11 +202,11 @@ def _main() -> None:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             from launch.tiny_model import sampled_accuracy
-            from reward.arithmetic import sample_problems
+            from reward.arithmetic import LEVELS, sample_problems
 
             model = AutoModelForCausalLM.from_pretrained(folder)
             tokenizer = AutoTokenizer.from_pretrained(folder)
-            for level in range(7):
+            for level in range(LEVELS):
                 test = sample_problems(level, cfg.task.num_test, split="test", seed=cfg.task.seed)
                 t1 = sampled_accuracy(model, tokenizer, test, temperature=1.0)
                 greedy = sampled_accuracy(model, tokenizer, test, temperature=0.0)
