@@ -212,16 +212,17 @@ class ACRMonitor:
         if self.strata:
             metrics |= {"acr/high": stats.acr_high, "acr/low": stats.acr_low}
 
-        # What the update actually wasted, after the advantage stage.
-        zero_adv = advantages.abs() < ZERO_ADVANTAGE  # [N]
-        nonzero_per_group = segment_sum((~zero_adv).to(torch.int64), groups)  # [M]
-        metrics["acr/effective"] = float((nonzero_per_group == 0).float().mean())
-        lengths = response_lengths.to(torch.float64)
-        total_tokens = float(lengths.sum())
-        wasted = float(lengths[zero_adv].sum())
-        metrics["acr/wasted_token_frac"] = wasted / total_tokens if total_tokens > 0 else 0.0
+        metrics |= wasted_work(advantages, response_lengths, groups)
+        metrics |= self._over_time(acr)
+        if prompt_keys is not None:
+            self._record_prompts(prompt_keys, stats)
+        if verifier_reasons is not None:
+            metrics.update(verifier_metrics(verifier_reasons))
+        return metrics
 
-        # Over time.
+    def _over_time(self, acr: float) -> dict[str, float]:
+        """Count the step and return the ACR's EMA, window mean, volatility, ACR100 and the
+        early warning (which may fire here)."""
         self.steps += 1
         self.ema = (
             acr
@@ -233,19 +234,15 @@ class ACRMonitor:
             self.early_sum += acr
         window = list(self.recent)[-self.cfg.window :]
         vol = torch.tensor(list(self.recent)[-self.cfg.volatility_window :], dtype=torch.float64)
-        metrics["acr/ema"] = self.ema
-        metrics["acr/window"] = sum(window) / len(window)
-        metrics["acr/volatility"] = float(vol.std(unbiased=False))
-        metrics["acr/acr100"] = self.acr100
-        metrics["acr/acr100_steps"] = float(min(self.steps, self.cfg.early_steps))
         self._maybe_alert()
-        metrics["acr/early_warning"] = float(self.alert_step is not None)
-
-        if prompt_keys is not None:
-            self._record_prompts(prompt_keys, stats)
-        if verifier_reasons is not None:
-            metrics.update(verifier_metrics(verifier_reasons))
-        return metrics
+        return {
+            "acr/ema": self.ema,
+            "acr/window": sum(window) / len(window),
+            "acr/volatility": float(vol.std(unbiased=False)),
+            "acr/acr100": self.acr100,
+            "acr/acr100_steps": float(min(self.steps, self.cfg.early_steps)),
+            "acr/early_warning": float(self.alert_step is not None),
+        }
 
     def _maybe_alert(self) -> None:
         if self.alert_step is not None or self.steps < self.cfg.alert_min_steps:
@@ -304,6 +301,20 @@ class ACRMonitor:
         self.early_sum = float(state["early_sum"])
         self.alert_step = state["alert_step"]
         self.prompt_history = {k: list(v) for k, v in state["prompt_history"].items()}
+
+
+def wasted_work(advantages: Tensor, response_lengths: Tensor, groups) -> dict[str, float]:
+    """What the update actually wasted after the advantage stage: ``acr/effective`` (groups
+    whose samples all have abs(A) < 1e-8) and ``acr/wasted_token_frac`` (their tokens' share)."""
+    zero_adv = advantages.abs() < ZERO_ADVANTAGE  # [N]
+    nonzero_per_group = segment_sum((~zero_adv).to(torch.int64), groups)  # [M]
+    lengths = response_lengths.to(torch.float64)
+    total_tokens = float(lengths.sum())
+    wasted = float(lengths[zero_adv].sum())
+    return {
+        "acr/effective": float((nonzero_per_group == 0).float().mean()),
+        "acr/wasted_token_frac": wasted / total_tokens if total_tokens > 0 else 0.0,
+    }
 
 
 def verifier_metrics(reasons: list[str]) -> dict[str, float]:

@@ -24,7 +24,6 @@ ALLOWED = {
     "learner/rank.py:LearnerRank.train": 70,
     "learner/advantage_stage.py:AdvantageStage.process": 64,
     "learner/loss.py:policy_loss": 65,
-    "diagnostics/acr.py:ACRMonitor.update": 74,
 }
 
 
