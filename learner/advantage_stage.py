@@ -154,20 +154,7 @@ class AdvantageStage:
         order) -> the train batch of the ``trained`` groups (default: all) and the metrics."""
         sizes = torch.tensor([len(g.samples) for g in groups])
         group_ids = torch.arange(len(groups)).repeat_interleave(sizes)  # [N]
-        samples = [s for g in groups for s in g.samples]
-        if len(verdicts) != len(samples):
-            raise ValueError(f"{len(samples)} samples but {len(verdicts)} verdicts")
-        lengths = torch.tensor([len(s.response_ids) for s in samples])  # [N]
-        truncated = torch.tensor([s.finish_reason == "length" for s in samples])  # [N]
-        rewards = torch.tensor([float(v.score) for v in verdicts], dtype=torch.float32)
-        ov = self.cfg.overlong
-        if ov.shaping:
-            rewards = rewards + overlong_penalty(
-                lengths,
-                max_len=self.max_response_len,
-                buffer_len=ov.buffer_len,
-                factor=ov.penalty_factor,
-            )
+        rewards, lengths, truncated = self._rewards(groups, verdicts)
         keep = torch.ones(len(groups), dtype=torch.bool)
         if trained is not None:
             keep = torch.tensor(trained, dtype=torch.bool)
@@ -203,9 +190,28 @@ class AdvantageStage:
             [g for g, k in zip(groups, keep.tolist(), strict=True) if k],
             result.advantages,
             pad_id=self.pad_id,
-            masked_out=truncated[rows] if ov.filter else None,
+            masked_out=truncated[rows] if self.cfg.overlong.filter else None,
         )
         return batch, metrics
+
+    def _rewards(self, groups: list[Group], verdicts: list) -> tuple[Tensor, Tensor, Tensor]:
+        """``[N]`` rewards (the verdicts' scores, with DAPO's overlong shaping when on),
+        response lengths and whether each response was truncated, in sample order."""
+        samples = [s for g in groups for s in g.samples]
+        if len(verdicts) != len(samples):
+            raise ValueError(f"{len(samples)} samples but {len(verdicts)} verdicts")
+        lengths = torch.tensor([len(s.response_ids) for s in samples])  # [N]
+        truncated = torch.tensor([s.finish_reason == "length" for s in samples])  # [N]
+        rewards = torch.tensor([float(v.score) for v in verdicts], dtype=torch.float32)
+        ov = self.cfg.overlong
+        if ov.shaping:
+            rewards = rewards + overlong_penalty(
+                lengths,
+                max_len=self.max_response_len,
+                buffer_len=ov.buffer_len,
+                factor=ov.penalty_factor,
+            )
+        return rewards, lengths, truncated
 
     def state_dict(self) -> dict:
         """JSON-serialisable: trigger state, the virtual-sample RNG, the ACR monitor and the
