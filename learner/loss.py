@@ -144,6 +144,22 @@ def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
+def _regularised(pg, logprobs, mask, ref_logprobs, kl_coef, entropy, entropy_coef):
+    """``pg`` plus the k3 KL to the reference (``kl_coef``) minus the entropy bonus
+    (``entropy_coef``), and their metrics (``kl_loss``, ``entropy``)."""
+    total, metrics = pg, {}
+    if ref_logprobs is not None and kl_coef != 0.0:
+        delta = torch.clamp(ref_logprobs - logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        kl = torch.exp(delta) - delta - 1.0
+        total = total + kl_coef * kl
+        metrics["kl_loss"] = _masked_mean(kl.detach(), mask)
+    if entropy is not None:
+        if entropy_coef != 0.0:
+            total = total - entropy_coef * entropy
+        metrics["entropy"] = _masked_mean(entropy.detach(), mask)
+    return total, metrics
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -175,27 +191,17 @@ def policy_loss(
     surr = -advantages * ratio
     if clip_mode == "dynamic":
         low, high = dynamic_clip_bounds(old_logprobs.detach(), clip_low, clip_high, clip_ratio_max)
-        surr_clipped = -advantages * torch.clamp(ratio, low, high)
     elif clip_mode == "fixed":
-        surr_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+        low, high = 1.0 - clip_low, 1.0 + clip_high
     else:
         raise ValueError(f"unknown clip_mode {clip_mode!r}; expected one of {CLIP_MODES}")
+    surr_clipped = -advantages * torch.clamp(ratio, low, high)
     pg = torch.maximum(surr, surr_clipped)
     if clip_ratio_c is not None:
         pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * clip_ratio_c), pg)
     if is_weights is not None:
         pg = pg * is_weights.detach()
-    total = pg
-    metrics: dict[str, Tensor] = {}
-    if ref_logprobs is not None and kl_coef != 0.0:
-        delta = torch.clamp(ref_logprobs - logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        kl = torch.exp(delta) - delta - 1.0
-        total = total + kl_coef * kl
-        metrics["kl_loss"] = _masked_mean(kl.detach(), mask)
-    if entropy is not None:
-        if entropy_coef != 0.0:
-            total = total - entropy_coef * entropy
-        metrics["entropy"] = _masked_mean(entropy.detach(), mask)
+    total, metrics = _regularised(pg, logprobs, mask, ref_logprobs, kl_coef, entropy, entropy_coef)
     loss = aggregate(
         total,
         mask,
