@@ -233,46 +233,49 @@ class LearnerRank:
                 learner = self._learner_logprobs(b, p)
                 acc.add_mismatch(learner, b.old_logprobs, b.response_mask, None, lagged(b))
         for epoch in range(epochs):
-            for i, (batch, (total_tokens, total_seqs), plan) in enumerate(
-                zip(minibatches, totals, plans, strict=True)
-            ):
+            for i, (batch, total, plan) in enumerate(zip(minibatches, totals, plans, strict=True)):
+                # bypass: the first mini-batch's gap before any update comes for free
                 probe = epoch == 0 and i == 0 and self.cfg.old_logprobs == "bypass"
-                for micro in plan:
-                    mb = batch.select(micro.rows)
-                    out, logp = microbatch_loss(
-                        self.engine,
-                        mb,
-                        self.loss_cfg,
-                        temperature=self.temperature,
-                        total_tokens=total_tokens,
-                        total_seqs=total_seqs,
-                        reference=self.reference,
-                        logits=self.logits,
-                        chunk_tokens=self.cfg.logits_chunk_tokens,
-                        chunks=micro.chunks,
-                        shared_prefix=self.shared_prefix,
-                    )
-                    # A non-finite loss can have finite gradients (the log-ratio clamp passes
-                    # none back through a NaN): scaling it by NaN makes them NaN, so the
-                    # optimizer's overflow check skips the step on every rank, as for any
-                    # non-finite gradient (same backward calls on every rank: no collective
-                    # is left waiting).
-                    finite = math.isfinite(float(out.loss.detach()))
-                    scale = self.world_size if finite else float("nan")
-                    self.engine.backward(out.loss * scale, scale_wrt_gas=False)
-                    acc.add_loss(out.metrics, float(mb.response_mask.sum()))
-                    acc.decoder_tokens += decoder_tokens(mb, self.shared_prefix)
-                    if probe:  # before any update: the learner's old log-probs, for free
-                        learner = logp.detach().cpu()
-                        acc.add_mismatch(
-                            learner, mb.old_logprobs, mb.response_mask, None, lagged(mb)
-                        )
+                self._backward(batch, total, plan, acc, lagged if probe else None)
                 self._optimizer_step(acc)
         acc.seconds = time.perf_counter() - t0
         acc.lr = self.scheduler.get_last_lr()[0]
         if self.device == "cuda":  # colocated engines wake into this memory next
             torch.cuda.empty_cache()
         return dataclasses.asdict(acc)
+
+    def _backward(self, batch: TrainBatch, total, plan, acc: RankMetrics, probe=None) -> None:
+        """The loss and backward of each micro-batch of ``batch`` (``total``: the mini-batch's
+        (tokens, sequences) over all ranks); ``probe(rows)``: record the learner's log-probs
+        against the engine's (before the first update)."""
+        total_tokens, total_seqs = total
+        for micro in plan:
+            mb = batch.select(micro.rows)
+            out, logp = microbatch_loss(
+                self.engine,
+                mb,
+                self.loss_cfg,
+                temperature=self.temperature,
+                total_tokens=total_tokens,
+                total_seqs=total_seqs,
+                reference=self.reference,
+                logits=self.logits,
+                chunk_tokens=self.cfg.logits_chunk_tokens,
+                chunks=micro.chunks,
+                shared_prefix=self.shared_prefix,
+            )
+            # A non-finite loss can have finite gradients (the log-ratio clamp passes none back
+            # through a NaN): scaling it by NaN makes them NaN, so the optimizer's overflow check
+            # skips the step on every rank, as for any non-finite gradient (same backward calls
+            # on every rank: no collective is left waiting).
+            finite = math.isfinite(float(out.loss.detach()))
+            scale = self.world_size if finite else float("nan")
+            self.engine.backward(out.loss * scale, scale_wrt_gas=False)
+            acc.add_loss(out.metrics, float(mb.response_mask.sum()))
+            acc.decoder_tokens += decoder_tokens(mb, self.shared_prefix)
+            if probe is not None:
+                learner = logp.detach().cpu()
+                acc.add_mismatch(learner, mb.old_logprobs, mb.response_mask, None, probe(mb))
 
     @torch.no_grad()
     def score(self, shard: TrainBatch, plan: list[MicroBatch]) -> torch.Tensor:

@@ -21,7 +21,6 @@ ALLOWED = {
     "learner/advantage.py:avspo_release_advantages": 89,
     "learner/dcpo.py:dcpo_advantages": 72,
     "learner/rank.py:LearnerRank.init": 66,
-    "learner/rank.py:LearnerRank.train": 70,
 }
 
 
