@@ -122,24 +122,7 @@ class LearnerRank:
         )
         deepspeed.init_distributed(dist_backend=backend)
         torch.manual_seed(0 if self.cfg.seed is None else self.cfg.seed)
-        model = load_policy(self.model_path, self.cfg, self.dtype)
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=self.cfg.lr,
-            betas=tuple(self.cfg.betas),
-            eps=self.cfg.adam_eps,
-            weight_decay=self.cfg.weight_decay,
-        )
-        warmup = self.cfg.warmup_steps
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model,
-            optimizer=optimizer,
-            lr_scheduler=scheduler,
-            config=deepspeed_config(self.cfg, self.dtype),
-        )
+        self.engine, self.optimizer, self.scheduler = self._deepspeed_engine()
         if self.logits == "chunked":
             # Every rank checks (a forward pass: ZeRO-3 gathers) and all take the full path if
             # any rank must (the two paths call the output embedding a different number of times).
@@ -157,6 +140,31 @@ class LearnerRank:
             self.reference = load_policy(self.model_path, self.cfg, self.dtype, trainable=False)
             self.reference.to(self.engine.device).eval().requires_grad_(False)
         return self.rank
+
+    def _deepspeed_engine(self):
+        """The policy with AdamW and the warm-up schedule under DeepSpeed (ZeRO stage, dtype and
+        clipping from the config: learner/policy.py ``deepspeed_config``)."""
+        import deepspeed
+
+        model = load_policy(self.model_path, self.cfg, self.dtype)
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=self.cfg.lr,
+            betas=tuple(self.cfg.betas),
+            eps=self.cfg.adam_eps,
+            weight_decay=self.cfg.weight_decay,
+        )
+        warmup = self.cfg.warmup_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+        engine, optimizer, _, scheduler = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=deepspeed_config(self.cfg, self.dtype),
+        )
+        return engine, optimizer, scheduler
 
     def _shared_prefix_usable(self, dist) -> bool:
         """``learner.shared_prefix``, unless gradient checkpointing or full logits rule it out or

@@ -20,7 +20,6 @@ ALLOWED = {
     "learner/advantage.py:avspo_advantages": 83,
     "learner/advantage.py:avspo_release_advantages": 89,
     "learner/dcpo.py:dcpo_advantages": 72,
-    "learner/rank.py:LearnerRank.init": 66,
 }
 
 
