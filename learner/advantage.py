@@ -275,6 +275,26 @@ def virtual_moments(
     raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
 
 
+def _check_avspo(strategy: str, augment: str, k: int | None, reward_range) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
+    if augment not in AUGMENT:
+        raise ValueError(f"unknown AVSPO augment {augment!r}; expected one of {AUGMENT}")
+    if k is not None and k < 1:
+        raise ValueError(f"k must be >= 1 or None, got {k}")
+    if not reward_range[0] < reward_range[1]:
+        raise ValueError(f"reward_range must satisfy r_lo < r_hi, got {reward_range}")
+
+
+def union_moments(g_real, mean_r, m2_r, n_virt, mean_v, var_v) -> tuple[Tensor, Tensor]:
+    """Mean and M2 of R_j u V_j from the two parts' moments (Chan et al.'s parallel formula):
+    M2_u = M2_R + M2_V + G K / (G + K) * (mean_R - mean_V)^2, with M2_V = K var_V. Real samples
+    are not touched."""
+    mean_u = (g_real * mean_r + n_virt * mean_v) / (g_real + n_virt)
+    gap = mean_r - mean_v
+    return mean_u, m2_r + n_virt * var_v + g_real * n_virt / (g_real + n_virt) * gap * gap
+
+
 def avspo_advantages(
     rewards: Tensor,
     group_ids: Tensor,
@@ -298,16 +318,8 @@ def avspo_advantages(
     ``correct`` (all-correct groups only); the trigger and K_j still use the whole step's ACR.
     ``trigger_acr``: the ACR the trigger and K_j use instead of this step's (a window over
     recent steps: ``algorithm.trigger.acr_window``); ``result.acr`` stays this step's."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
-    if augment not in AUGMENT:
-        raise ValueError(f"unknown AVSPO augment {augment!r}; expected one of {AUGMENT}")
-    if k is not None and k < 1:
-        raise ValueError(f"k must be >= 1 or None, got {k}")
-    r_lo, r_hi = reward_range
-    if not r_lo < r_hi:
-        raise ValueError(f"reward_range must satisfy r_lo < r_hi, got {reward_range}")
-    stats = collapse_stats(rewards, group_ids, tau=tau, r_lo=r_lo)
+    _check_avspo(strategy, augment, k, reward_range)
+    stats = collapse_stats(rewards, group_ids, tau=tau, r_lo=reward_range[0])
     rewards = rewards.to(stats.mean.dtype)
     center = stats.mean
     denom = grpo_denominator(stats, eps=eps, scale_by_std=True, unbiased=unbiased)
@@ -338,15 +350,11 @@ def avspo_advantages(
         generator=generator,
     )  # [A] each
 
-    # Statistics of R_j u V_j from the two parts' moments (Chan et al.'s parallel formula):
-    # M2_u = M2_R + M2_V + G K / (G + K) * (mean_R - mean_V)^2. Real samples are not touched.
     g_real = groups.size[aug].to(dtype)  # [A]
-    n_virt = k_aug.to(dtype)  # [A]
-    mean_r = stats.mean[aug]
-    mean_u = (g_real * mean_r + n_virt * mean_v) / (g_real + n_virt)  # [A]
-    gap = mean_r - mean_v
-    m2_u = stats.m2[aug] + n_virt * var_v + g_real * n_virt / (g_real + n_virt) * gap * gap
-    dof = g_real + n_virt - (1 if unbiased else 0)
+    mean_u, m2_u = union_moments(
+        g_real, stats.mean[aug], stats.m2[aug], k_aug.to(dtype), mean_v, var_v
+    )
+    dof = g_real + k_aug.to(dtype) - (1 if unbiased else 0)
     denom_u = zero_where(torch.sqrt(m2_u / dof) + eps)
     center = center.index_copy(0, aug, mean_u)
     denom = denom.index_copy(0, aug, denom_u)

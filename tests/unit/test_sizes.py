@@ -13,11 +13,11 @@ from tests.helpers import ROOT
 
 PACKAGES = ("rollout", "reward", "learner", "diagnostics", "launch")
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 60
-# "path:qualified name" -> its length when listed: the three estimators whose docstrings carry
-# the formulas, how they depart from the paper and hand-computed doctests (the code of each is
-# under 50 lines); splitting the explanation away from the code would not make them clearer.
+# "path:qualified name" -> its length when listed: the three estimators, whose docstrings carry
+# the formulas, how they depart from the paper and hand-computed doctests, and whose bodies are
+# one vectorised computation each (validation and the union moments already split out).
 ALLOWED = {
-    "learner/advantage.py:avspo_advantages": 83,
+    "learner/advantage.py:avspo_advantages": 71,
     "learner/advantage.py:avspo_release_advantages": 89,
     "learner/dcpo.py:dcpo_advantages": 72,
 }
