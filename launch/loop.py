@@ -234,13 +234,12 @@ class Trainer:
             "reward/entropy_mean": float(entropy.double().mean()),
         }
 
-    def observe_collapse(self, r: Rollouts) -> dict[str, float]:
+    def observe_collapse(self, r: Rollouts, collapsed: list[bool]) -> dict[str, float]:
         """Which of the step's groups collapsed, as the ACR monitor counts them (the rewards it
         sees: after ``algorithm.reward`` mixing and ``algorithm.overlong`` shaping; threshold
         ``algorithm.tau``; every generated group): handed to the prompt sampler (its collapse
         history) and measured as ``rollout/mixed_token_share``, the share of the step's response
         tokens that are in mixed (non-collapsed) groups."""
-        collapsed = self.stage.monitor.collapsed  # this step's, from AdvantageStage.process
         self.sampler.update([p.uid for p in r.problems], collapsed)
         tokens = [sum(len(s.response_ids) for s in g.samples) for g in r.groups]
         return {"rollout/mixed_token_share": mixed_token_share(tokens, collapsed)}
@@ -259,10 +258,10 @@ class Trainer:
             prefetch = self.prefetcher.submit(self.collect, step + 1, first)
         with timer("advantage"):
             verdicts, mixed = self.mix_rewards(r)
-            batch, metrics = self.stage.process(
+            batch, metrics, collapsed = self.stage.process(
                 r.groups, verdicts, prompt_keys=[p.uid for p in r.problems], trained=r.trained
             )
-            metrics |= mixed | self.observe_collapse(r)
+            metrics |= mixed | self.observe_collapse(r, collapsed)
         with timer("learner"):
             self.weights.before_update()  # colocated on GPUs: the engines sleep
             metrics |= self.learner.train_on(batch, learner_version=step - 1)

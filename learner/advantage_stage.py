@@ -28,6 +28,7 @@ variants and ``acr/trained`` cover the trained groups (DAPO's selection; the sam
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -67,6 +68,12 @@ def informative_groups(groups: list[Group], scores: list[float], *, tau: float) 
     ids = torch.arange(len(groups)).repeat_interleave(sizes)  # [N]
     rewards = torch.tensor(scores, dtype=torch.float64)
     return [not c for c in collapse_stats(rewards, ids, tau=tau).collapsed.tolist()]
+
+
+class StageOutput(NamedTuple):
+    batch: TrainBatch
+    metrics: dict[str, float]
+    collapsed: list[bool]  # per generated group, in order
 
 
 class AdvantageStage:
@@ -149,9 +156,10 @@ class AdvantageStage:
         *,
         prompt_keys: list[str] | None = None,
         trained: list[bool] | None = None,
-    ) -> tuple[TrainBatch, dict[str, float]]:
+    ) -> StageOutput:
         """One step: every generated group and its verdicts (``.score``, ``.reason``; sample
-        order) -> the train batch of the ``trained`` groups (default: all) and the metrics."""
+        order) -> the train batch of the ``trained`` groups (default: all), the metrics, and
+        which of every generated group collapsed (as the ACR monitor counts them)."""
         sizes = torch.tensor([len(g.samples) for g in groups])
         group_ids = torch.arange(len(groups)).repeat_interleave(sizes)  # [N]
         rewards, lengths, truncated = self._rewards(groups, verdicts)
@@ -192,7 +200,7 @@ class AdvantageStage:
             pad_id=self.pad_id,
             masked_out=truncated[rows] if self.cfg.overlong.filter else None,
         )
-        return batch, metrics
+        return StageOutput(batch, metrics, list(self.monitor.collapsed))
 
     def _rewards(self, groups: list[Group], verdicts: list) -> tuple[Tensor, Tensor, Tensor]:
         """``[N]`` rewards (the verdicts' scores, with DAPO's overlong shaping when on),

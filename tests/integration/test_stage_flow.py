@@ -27,7 +27,7 @@ def _step(engine, problems, cfg: AlgorithmConfig, params: SamplingConfig):
     stage = AdvantageStage(
         cfg, reward_range=(0.0, 1.0), seed=0, pad_id=engine.tokenizer.pad_token_id
     )
-    batch, metrics = stage.process(groups, verdicts, prompt_keys=[p.uid for p in problems])
+    batch, metrics, _ = stage.process(groups, verdicts, prompt_keys=[p.uid for p in problems])
     model = engine.model
     model.zero_grad()
     out, logp = microbatch_loss(
