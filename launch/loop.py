@@ -43,7 +43,7 @@ from launch.resume import CheckpointFailed, Stopped, fingerprint, truncate_metri
 from launch.sampler import mixed_token_share
 from launch.stages import Stages
 from learner import checkpoint
-from learner.advantage_stage import informative_groups
+from learner.advantage_stage import dapo_selection, informative_groups
 from learner.batch import build_batch
 from reward.intrinsic import mix_rewards
 from reward.tasks import Problem, Task, TaskConfig
@@ -201,9 +201,7 @@ class Trainer:
         trained = [True] * len(groups)
         metrics = {"timing_s/generate": t_gen, "timing_s/verify": t_ver}
         if dyn.enabled:  # informative groups first, in generation order, then collapsed ones
-            order = sorted(range(len(groups)), key=lambda i: not informative[i])
-            chosen = set(order[:want])
-            trained = [i in chosen for i in range(len(groups))]
+            trained = dapo_selection(informative, want)
             metrics |= {
                 "dapo/rounds": float(rnd + 1),
                 "dapo/generated_groups": float(len(groups)),

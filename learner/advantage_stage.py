@@ -70,6 +70,20 @@ def informative_groups(groups: list[Group], scores: list[float], *, tau: float) 
     return [not c for c in collapse_stats(rewards, ids, tau=tau).collapsed.tolist()]
 
 
+def dapo_selection(informative: list[bool], want: int) -> list[bool]:
+    """Which groups DAPO trains: the first ``want`` informative ones in generation order,
+    topped up with collapsed ones (in order) when the rounds ran out.
+
+    >>> dapo_selection([False, True, False, True, True], 2)
+    [False, True, False, True, False]
+    >>> dapo_selection([False, True, False], 2)  # one informative: the first collapsed joins
+    [True, True, False]
+    """
+    order = sorted(range(len(informative)), key=lambda i: not informative[i])  # stable
+    chosen = set(order[:want])
+    return [i in chosen for i in range(len(informative))]
+
+
 class StageOutput(NamedTuple):
     batch: TrainBatch
     metrics: dict[str, float]
