@@ -69,6 +69,7 @@ class LearnerRank:
         if self.device == "cpu":  # DeepSpeed would pick CUDA wherever it is visible
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         self._listeners: dict[int, socket.socket] = {}  # rank 0: bound rendezvous ports
+        self.sync_store = None  # rank 0: the weight-sync group's store (one per run)
         torch.set_num_threads(threads or max(1, int(cfg.num_cpus_per_rank)))
 
     def address(self, host: str | None = None) -> tuple[str, int]:
@@ -442,13 +443,15 @@ class LearnerRank:
         """Every rank plans the buckets (ZeRO-3 gathers bucket by bucket on all ranks); rank 0
         also joins the sync group (``group``: rollout/collective.py ``SyncGroup``) as its rank
         0, hosting its store at ``group.host:group.port``. A rebuilt group replaces the old."""
-        from rollout.collective import TensorSpec, open_sender, plan_buckets
+        from rollout.collective import TensorSpec, open_sender, plan_buckets, sync_store
 
         specs = [TensorSpec(n, d, s) for n, d, s in self.weight_specs()]
         self.sync_buckets = plan_buckets(specs, group.bucket_bytes)
         self.sender = None
         if self.rank == 0:
-            self.sender = open_sender(group, specs, self._listener(group.port))
+            if self.sync_store is None:  # the first group; rebuilt ones meet on it too
+                self.sync_store = sync_store(group, self._listener(group.port))
+            self.sender = open_sender(group, specs, self.sync_store)
         return self.rank
 
     def gathered_buckets(self, buckets: list[list[int]]):

@@ -106,7 +106,7 @@ def listen_socket(host: str) -> socket.socket:
 def tcp_store(
     host: str,
     port: int,
-    world_size: int,
+    world_size: int | None,
     *,
     timeout: timedelta,
     listener: socket.socket | None = None,
@@ -118,7 +118,7 @@ def tcp_store(
 
     if listener is None:
         return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-    return dist.TCPStore(
+    store = dist.TCPStore(
         host,
         port,
         world_size,
@@ -126,30 +126,20 @@ def tcp_store(
         timeout=timeout,
         master_listen_fd=listener.fileno(),
     )
+    listener.detach()  # the store owns the descriptor now: a collected socket would close it
+    return store
 
 
 def open_group(
-    host: str,
-    port: int,
-    rank: int,
-    world_size: int,
-    *,
-    backend: str,
-    timeout_s: float,
-    listener: socket.socket | None = None,
-    generation: int = 0,
-) -> tuple[torch.distributed.ProcessGroup, object]:
-    """This process's member of the sync group; rank 0 hosts the store on ``listener``
-    (:func:`listen_socket`, bound at ``host:port``). Returns ``(group, store)`` (keep the store
-    alive as long as the group). Blocks until all ranks joined. ``generation``: how many times
-    the group was rebuilt (a restarted engine makes every member rejoin a new group, on a new
-    port under a new name)."""
+    store, rank: int, world_size: int, *, backend: str, timeout_s: float, generation: int = 0
+) -> torch.distributed.ProcessGroup:
+    """This process's member of the sync group, meeting on ``store`` (:func:`tcp_store`: learner
+    rank 0 hosts it, the others are its clients). Blocks until all ranks joined.
+    ``generation``: how many times the group was rebuilt; every generation meets under its own
+    prefix of the same store (a restarted engine makes every member rejoin a new group)."""
     import torch.distributed as dist
 
-    if (rank == 0) != (listener is not None):
-        raise ValueError("rank 0, and only rank 0, hosts the store (pass it the listener)")
     timeout = timedelta(seconds=timeout_s)
-    store = tcp_store(host, port, world_size, timeout=timeout, listener=listener)
     prefixed = dist.PrefixStore(f"{GROUP_PREFIX}/{generation}", store)
     if backend == "gloo":
         group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
@@ -162,7 +152,7 @@ def open_group(
     # A first collective: every rank is connected before anyone returns (NCCL connects lazily).
     flag = torch.ones(1, device=_device(backend))
     _broadcast(group, flag)
-    return group, store
+    return group
 
 
 def _device(backend: str) -> torch.device:
@@ -234,11 +224,20 @@ class Receiver:
                 yield spec.name, part.view(spec.shape)
 
 
-def open_sender(group: SyncGroup, specs: list[TensorSpec], listener: socket.socket) -> Sender:
-    """Learner rank 0's end of the sync group (rank 0: it hosts the store on ``listener``)."""
-    pg, store = open_group(
-        group.host, group.port, 0, group.world_size, backend=group.backend,
-        timeout_s=group.timeout_s, listener=listener, generation=group.generation,
+def sync_store(group: SyncGroup, listener: socket.socket):
+    """Learner rank 0's store for the sync group, served on ``listener`` (bound at
+    ``group.host:group.port``, :func:`listen_socket`). One for the whole run: every rebuilt
+    group meets on it under its generation's prefix. (Destroying the store of a group whose
+    member was killed hung in torch's libuv store daemon: docs/NOTES.md.)"""
+    timeout = timedelta(seconds=group.timeout_s)
+    return tcp_store(group.host, group.port, None, timeout=timeout, listener=listener)
+
+
+def open_sender(group: SyncGroup, specs: list[TensorSpec], store) -> Sender:
+    """Learner rank 0's end of the sync group (rank 0), on its :func:`sync_store`."""
+    pg = open_group(
+        store, 0, group.world_size, backend=group.backend, timeout_s=group.timeout_s,
+        generation=group.generation,
     )  # fmt: skip
     return Sender(pg, store, specs, group.bucket_bytes, group.backend)
 
@@ -248,9 +247,11 @@ def open_receiver(
 ) -> Receiver:
     """An engine process's end of the sync group (as rank ``rank``), for ``(name, dtype,
     shape)`` specs as the learner sends them."""
-    pg, store = open_group(
-        group.host, group.port, rank, group.world_size, backend=group.backend,
-        timeout_s=group.timeout_s, generation=group.generation,
+    timeout = timedelta(seconds=group.timeout_s)
+    store = tcp_store(group.host, group.port, None, timeout=timeout)
+    pg = open_group(
+        store, rank, group.world_size, backend=group.backend, timeout_s=group.timeout_s,
+        generation=group.generation,
     )  # fmt: skip
     specs_ = [TensorSpec(n, d, tuple(s)) for n, d, s in specs]
     return Receiver(pg, store, specs_, group.bucket_bytes, group.backend)

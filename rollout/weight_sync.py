@@ -11,7 +11,8 @@ group and the rollout group only answer the calls made here.
   group that the engine workers joined (inside vLLM's worker processes, through its worker
   extension and ``collective_rpc``, as OpenRLHF/verl do): NCCL on GPUs, gloo on CPUs (tested
   here). rollout/collective.py has the protocol. A restarted worker gets its weights through
-  the object store, and every member rejoins a new group (new port, new name) at the next sync.
+  the object store, and every member rejoins a new group (same store, new name) at the next
+  sync.
 
 Colocated on GPUs (engines in vLLM sleep mode), :meth:`WeightSync.before_update` puts the
 engines to sleep and :meth:`WeightSync.after_update` wakes their weights, syncs, then wakes
@@ -50,6 +51,7 @@ class CollectiveTransport:
     def __init__(self, rollout, bucket_bytes: int, backend: str = "gloo"):
         self.rollout, self.bucket_bytes, self.backend = rollout, bucket_bytes, backend
         self.generation = -1  # the group's generation; -1: none open
+        self.address = None  # (host, port) of learner rank 0's store, one for the run
         self.stale = True
         self.bytes_sent = 0
 
@@ -58,7 +60,9 @@ class CollectiveTransport:
         (one per tensor-parallel shard) in worker order."""
         rollout, timeout_s = self.rollout, self.rollout.cfg.timeout_s
         specs = learner.weight_specs()
-        host, port = learner.sync_address()
+        if self.address is None:
+            self.address = learner.sync_address()
+        host, port = self.address
         sizes = rollout.weight_sync_ranks()
         first = [1 + sum(sizes[:i]) for i in range(len(sizes))]
         self.generation += 1

@@ -26,6 +26,27 @@ def load(*overrides: str):
         return to_train_config(compose(config_name="config", overrides=list(overrides)))
 
 
+def kill_and_wait(actor, timeout_s: float = 60.0) -> None:
+    """``ray.kill`` and wait until the actor is gone. ``ray.kill`` is asynchronous: a call made
+    right after it may still be answered by the live actor (a liveness check then passes and the
+    next call fails), so a test that needs the actor dead asks until a call raises."""
+    import time
+
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    ray.kill(actor)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except RayActorError:
+            return
+        except GetTimeoutError:
+            break
+    raise AssertionError(f"actor still answering {timeout_s:.0f} s after ray.kill")
+
+
 def train_batch(model, seed=0, n_groups=4, n=4):
     """Synthetic groups over the tiny vocabulary, old log-probs = the model's own + noise."""
     rng = random.Random(seed)

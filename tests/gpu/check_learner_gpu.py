@@ -210,13 +210,13 @@ def item_step(model: str, device: str, size: dict, zero_stage: int) -> dict:
 
 
 def item_sync_group(rank, device: str) -> dict:
-    from rollout.collective import SyncGroup, TensorSpec, listen_socket, open_sender
+    from rollout.collective import SyncGroup, TensorSpec, listen_socket, open_sender, sync_store
 
     backend = "nccl" if device == "cuda" else "gloo"
     listener = listen_socket("127.0.0.1")
     group = SyncGroup("127.0.0.1", listener.getsockname()[1], 1, backend, 60.0, 2**20)
     specs = [TensorSpec(n, d, s) for n, d, s in rank.weight_specs()][:3]
-    sender = open_sender(group, specs, listener)
+    sender = open_sender(group, specs, sync_store(group, listener))
     sender.send_header(1)
     params = dict(rank.engine.module.named_parameters())
     sent = sum(sender.send_bucket([params[s.name].data]) for s in specs)

@@ -5,11 +5,12 @@ engines), checked by log-probs as the object-store transport is."""
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 import torch
 
-from rollout.collective import Receiver, Sender, TensorSpec, listen_socket, open_group
+from rollout.collective import Receiver, Sender, TensorSpec, listen_socket, open_group, tcp_store
 
 
 def _pair(specs, bucket_bytes, send, receive_version):
@@ -18,13 +19,13 @@ def _pair(specs, bucket_bytes, send, receive_version):
     port = listener.getsockname()[1]
 
     def rank0():
-        group, store = open_group(
-            "127.0.0.1", port, 0, 2, backend="gloo", timeout_s=20, listener=listener
-        )
+        store = tcp_store("127.0.0.1", port, 2, timeout=timedelta(seconds=20), listener=listener)
+        group = open_group(store, 0, 2, backend="gloo", timeout_s=20)
         send(Sender(group, store, specs, bucket_bytes, "gloo"))
 
     def rank1():
-        group, store = open_group("127.0.0.1", port, 1, 2, backend="gloo", timeout_s=20)
+        store = tcp_store("127.0.0.1", port, 2, timeout=timedelta(seconds=20))
+        group = open_group(store, 1, 2, backend="gloo", timeout_s=20)
         receiver = Receiver(group, store, specs, bucket_bytes, "gloo")
         try:
             out["items"] = [(n, t.clone()) for n, t in receiver.receive(receive_version)]
@@ -38,6 +39,22 @@ def _pair(specs, bucket_bytes, send, receive_version):
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads)
     return out
+
+
+def test_a_store_served_on_our_socket_takes_clients_after_the_socket_object_is_gone():
+    """The sync group's store lives for the whole run and later generations' members connect
+    to it long after it was built: the Python socket it was built on must not close the
+    descriptor when collected (it did: new clients then timed out)."""
+    import gc
+
+    listener = listen_socket("127.0.0.1")
+    port = listener.getsockname()[1]
+    server = tcp_store("127.0.0.1", port, None, timeout=timedelta(seconds=10), listener=listener)
+    del listener
+    gc.collect()
+    client = tcp_store("127.0.0.1", port, None, timeout=timedelta(seconds=10))
+    client.set("k", "v")
+    assert server.get("k") == b"v"
 
 
 def test_buckets_of_mixed_dtypes_arrive_whole_and_in_order():
@@ -159,7 +176,6 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
     chunk with the same seeds: the groups equal the ones before the kill. The next sync rebuilds
     the group with every member (generation 1) and both engines then score as the learner's
     new weights do; a worker found dead at a sync is restarted there (generation 2)."""
-    import ray
     from transformers import AutoModelForCausalLM
 
     from learner.config import LearnerConfig
@@ -169,7 +185,7 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
     from rollout.types import SamplingConfig
     from rollout.weight_sync import WeightSync
     from rollout.worker import RolloutGroup
-    from tests.helpers import train_batch
+    from tests.helpers import kill_and_wait, train_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     _, batch = train_batch(model)
@@ -189,7 +205,7 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
         learner.train_on(batch)
         sync.sync(version=1)
         before = rollout.generate(prompts, params)
-        ray.kill(rollout.workers[1])
+        kill_and_wait(rollout.workers[1])
         after = rollout.generate(prompts, params)
         assert (rollout.restarts, rollout.regenerated) == (1, 2)  # worker 1 had prompts 2-3
         assert rollout.policy_versions() == [1, 1]
@@ -199,7 +215,7 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
         state = learner.export_weights()
         scores = [torch.tensor(rollout.score(prompt_ids, response_ids, w)) for w in range(2)]
         sums = rollout.weights_checksums()
-        ray.kill(rollout.workers[0])
+        kill_and_wait(rollout.workers[0])
         sync.sync(version=3)
         assert sync.transport.generation == 2 and rollout.policy_versions() == [3, 3]
         assert rollout.restarts == 2
