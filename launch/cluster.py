@@ -95,7 +95,7 @@ LOOPBACK_ENV = {
     "VLLM_HOST_IP": "127.0.0.1",  # vLLM's own rendezvous address
 }
 """The environment of a local Ray with ``cluster.listen=loopback`` (inherited by Ray's processes
-and every actor). The TCP stores the run hosts bind 127.0.0.1 themselves (rollout/collective.py
+and every actor). The TCP stores the run hosts bind 127.0.0.1 themselves (comm/rendezvous.py
 ``listen_socket``)."""
 
 

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from comm.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
 from launch.bootstrap import ensure_model
 from launch.cluster import actor_resources, init_ray, plan_threads, reserve
 from launch.config import ConfigError, TrainConfig, learner_seed
@@ -22,7 +23,6 @@ from learner.advantage_stage import AdvantageStage
 from reward.actor import VerifierActor
 from reward.tasks import Problem, Task, TaskConfig, make_task
 from reward.verifiers import score_truncated
-from rollout.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
 from rollout.types import Group
 from rollout.weight_sync import WeightSync
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
+from comm.actors import get, spawn_actor_group
 from learner import checkpoint
 from learner.batch import TrainBatch, plan_microbatches, shard_by_tokens
 from learner.config import LearnerConfig
 from learner.loss import LossConfig
 from learner.rank import LearnerRank
 from learner.update import split_for_ranks, summarize_ranks
-from rollout.actors import get, spawn_actor_group
 
 
 class LearnerGroup:
@@ -200,7 +200,7 @@ class LearnerGroup:
 
     def open_weight_group(self, group) -> list:
         """Refs: every rank plans the buckets, rank 0 joins the group (``group``:
-        rollout/collective.py ``SyncGroup``; it returns once every engine has joined too, so the
+        comm/weight_protocol.py ``SyncGroup``; it returns once every engine has joined too, so the
         caller waits on these together with the engines)."""
         return [r.open_weight_group.remote(group) for r in self.ranks]
 

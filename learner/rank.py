@@ -77,7 +77,7 @@ class LearnerRank:
         host: DeepSpeed's process group, the weight-sync group). The port is bound here, on
         ``host`` only (default: the node's IP as Ray knows it, 127.0.0.1 for a loopback local
         Ray), and kept until the store takes it."""
-        from rollout.collective import listen_socket
+        from comm.rendezvous import listen_socket
 
         if host is None:
             import ray
@@ -96,7 +96,7 @@ class LearnerRank:
         import deepspeed
         import torch.distributed as dist
 
-        from rollout.collective import tcp_store
+        from comm.rendezvous import tcp_store
 
         os.environ.update(
             MASTER_ADDR=master_addr,
@@ -425,7 +425,7 @@ class LearnerRank:
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {folder}")
 
-    # ---- collective weight sync (rollout/collective.py) -------------------------------------
+    # ---- collective weight sync (comm/weight_protocol.py) -------------------------------------
 
     def _sync_params(self) -> list[tuple[str, torch.nn.Parameter]]:
         """What the engines receive: ``named_parameters()`` (tied weights once; vLLM's loaders
@@ -441,9 +441,9 @@ class LearnerRank:
 
     def open_weight_group(self, group) -> int:
         """Every rank plans the buckets (ZeRO-3 gathers bucket by bucket on all ranks); rank 0
-        also joins the sync group (``group``: rollout/collective.py ``SyncGroup``) as its rank
+        also joins the sync group (``group``: comm/weight_protocol.py ``SyncGroup``) as its rank
         0, hosting its store at ``group.host:group.port``. A rebuilt group replaces the old."""
-        from rollout.collective import TensorSpec, open_sender, plan_buckets, sync_store
+        from comm.weight_protocol import TensorSpec, open_sender, plan_buckets, sync_store
 
         specs = [TensorSpec(n, d, s) for n, d, s in self.weight_specs()]
         self.sync_buckets = plan_buckets(specs, group.bucket_bytes)
@@ -481,7 +481,7 @@ class LearnerRank:
         calls this at the same time (ZeRO-3 gathers each bucket)."""
         import ray
 
-        from rollout.collective import TensorSpec, plan_buckets
+        from comm.weight_protocol import TensorSpec, plan_buckets
 
         specs = [TensorSpec(n, d, s) for n, d, s in self.weight_specs()]
         refs = []

@@ -25,13 +25,13 @@ class Engine(Protocol):
         """New weights, one ``{name: tensor}`` bucket at a time (the object-store sync)."""
 
     def open_weight_group(self, group, first_rank: int, specs) -> list[int]:
-        """Join the collective sync group (rollout/collective.py ``SyncGroup``); its ranks."""
+        """Join the collective sync group (comm/weight_protocol.py ``SyncGroup``); its ranks."""
 
     def receive_weights(self, version: int) -> None:
         """Receive ``version`` from learner rank 0's broadcast and load it in place."""
 
     def weights_checksum(self) -> tuple[float, float]:
-        """(sum, sum of squares) of the weights (rollout/collective.py ``checksum``)."""
+        """(sum, sum of squares) of the weights (comm/weight_protocol.py ``checksum``)."""
 
     def sleep(self) -> None:
         """Release device memory for a colocated update (a no-op where there is nothing to

@@ -149,14 +149,14 @@ class HFEngine:
         """See :meth:`sleep`."""
 
     def weights_checksum(self) -> tuple[float, float]:
-        """rollout/collective.py ``checksum`` of the model's parameters."""
-        from rollout.collective import checksum
+        """comm/weight_protocol.py ``checksum`` of the model's parameters."""
+        from comm.weight_protocol import checksum
 
         return checksum(p for _, p in self.model.named_parameters())
 
     def open_weight_group(self, group, first_rank: int, specs) -> list[int]:
-        """Join the collective weight-sync group (rollout/collective.py) as one rank."""
-        from rollout.collective import open_receiver
+        """Join the collective weight-sync group (comm/weight_protocol.py) as one rank."""
+        from comm.weight_protocol import open_receiver
 
         self.receiver = None  # a rebuilt group replaces the old one
         self.receiver = open_receiver(group, first_rank, specs)

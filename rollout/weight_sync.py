@@ -10,7 +10,7 @@ group and the rollout group only answer the calls made here.
 - ``collective``: learner rank 0 broadcasts the parameters in buckets over a torch.distributed
   group that the engine workers joined (inside vLLM's worker processes, through its worker
   extension and ``collective_rpc``, as OpenRLHF/verl do): NCCL on GPUs, gloo on CPUs (tested
-  here). rollout/collective.py has the protocol. A restarted worker gets its weights through
+  here). comm/weight_protocol.py has the protocol. A restarted worker gets its weights through
   the object store, and every member rejoins a new group (same store, new name) at the next
   sync.
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import time
 
-from rollout.actors import get
-from rollout.collective import SyncGroup
+from comm.actors import get
+from comm.weight_protocol import SyncGroup
 
 
 class ObjectStoreTransport:

@@ -2,7 +2,7 @@
 
 The driver calls :class:`RolloutGroup`; it never sees an engine. Results come back in prompt
 order; every remote wait has a timeout; a worker that dies makes the call raise
-:class:`rollout.actors.ActorGroupError` naming it (restarting is the driver's policy).
+:class:`comm.actors.ActorGroupError` naming it (restarting is the driver's policy).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from rollout.actors import ActorDied, ActorGroupError, get, settle, spawn_actor_group
+from comm.actors import ActorDied, ActorGroupError, get, settle, spawn_actor_group
 from rollout.config import RolloutConfig
 from rollout.seeding import derive_seed
 from rollout.types import Group, SamplingConfig
@@ -105,7 +105,7 @@ class RolloutWorker:
         return self.engine.policy_version
 
     def weights_checksum(self) -> tuple[float, float]:
-        """A diagnostic: (sum, sum of squares) of the engine's weights (rollout/collective.py)."""
+        """A diagnostic: (sum, sum of squares) of the engine's weights (comm/weight_protocol.py)."""
         return self.engine.weights_checksum()
 
     def sleep(self) -> None:
@@ -121,7 +121,7 @@ class RolloutWorker:
 
         return os.getpid()
 
-    # collective weight sync (rollout/collective.py)
+    # collective weight sync (comm/weight_protocol.py)
     def weight_sync_ranks(self) -> int:
         """Processes of this engine in the sync group (its tensor-parallel size)."""
         return int(getattr(self.engine, "tensor_parallel_size", 1))  # the hf engine: one
@@ -303,7 +303,7 @@ class RolloutGroup:
 
     def weights_checksums(self) -> list[tuple[float, float]]:
         """Per engine, (sum, sum of squares) of its weights: equal to the learner's
-        (rollout/collective.py ``checksum`` of its export) after a sync."""
+        (comm/weight_protocol.py ``checksum`` of its export) after a sync."""
         return get([w.weights_checksum.remote() for w in self.workers],
                    timeout_s=self.cfg.timeout_s, what="weight checksums")  # fmt: skip
 

@@ -92,11 +92,11 @@ def unit_checks(path: str) -> bool:
     import ray
     from transformers import AutoTokenizer
 
+    from comm.weight_protocol import checksum
     from launch.stages import start_beside_engines
     from learner.config import LearnerConfig
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
-    from rollout.collective import checksum
     from rollout.config import RolloutConfig
     from rollout.types import SamplingConfig
     from rollout.weight_sync import WeightSync

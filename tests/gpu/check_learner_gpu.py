@@ -193,7 +193,7 @@ def item_step(model: str, device: str, size: dict, zero_stage: int) -> dict:
     out["poisoned"] = {"ok": m["actor/skipped_steps"] == 1 and same, "skipped": m[
         "actor/skipped_steps"], "weights_unchanged": same}  # fmt: skip
     if zero_stage == 3:
-        from rollout.collective import TensorSpec, plan_buckets
+        from comm.weight_protocol import TensorSpec, plan_buckets
 
         specs = [TensorSpec(n, d, s) for n, d, s in rank.weight_specs()]
         gathered = {}
@@ -210,7 +210,8 @@ def item_step(model: str, device: str, size: dict, zero_stage: int) -> dict:
 
 
 def item_sync_group(rank, device: str) -> dict:
-    from rollout.collective import SyncGroup, TensorSpec, listen_socket, open_sender, sync_store
+    from comm.rendezvous import listen_socket
+    from comm.weight_protocol import SyncGroup, TensorSpec, open_sender, sync_store
 
     backend = "nccl" if device == "cuda" else "gloo"
     listener = listen_socket("127.0.0.1")

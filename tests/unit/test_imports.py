@@ -1,5 +1,6 @@
 """Import rules: pure algorithm code imports no Ray/vLLM/DeepSpeed/torch.distributed, imports
-follow the data (rollout -> reward -> learner/diagnostics; only launch wires them together), and
+follow the data (rollout -> reward -> learner/diagnostics; only launch wires them together;
+comm, shared by all, imports none of them), and
 the project's modules import each other without cycles."""
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ PURE = [  # docs/ARCHITECTURE.md section 3: torch and the standard library only
     "reward/intrinsic.py",
 ]
 HEAVY = ("ray", "vllm", "deepspeed", "torch.distributed", "transformers")
-PACKAGES = ("rollout", "reward", "learner", "diagnostics", "launch")
+PACKAGES = ("comm", "rollout", "reward", "learner", "diagnostics", "launch")
 # package -> project packages it must not import
 FORBIDDEN = {
+    "comm": {"rollout", "reward", "learner", "diagnostics", "launch"},
     "rollout": {"reward", "learner", "diagnostics", "launch"},
     "reward": {"learner", "diagnostics", "launch"},
     "learner": {"launch"},
