@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from comm.devices import dist_backend, reserved_device
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import LearnerConfig
 from learner.logprobs import (
@@ -44,7 +45,6 @@ from learner.policy import (
     load_policy,
 )
 from learner.update import RankMetrics, decoder_tokens, microbatch_loss, truncated_is_weights
-from rollout.devices import dist_backend, reserved_device
 
 
 class LearnerRank:

@@ -60,7 +60,7 @@ class VLLMEngine:
         sleep_mode: bool = False,
         device: str = "cpu",
     ):
-        """``device``: what the actor reserved (rollout/devices.py), "cuda" or "cpu"."""
+        """``device``: what the actor reserved (comm/devices.py), "cuda" or "cpu"."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 def make_engine(
     cfg: RolloutConfig, model_path: str, dtype: str, sleep_mode: bool = False, device: str = "cpu"
 ):
-    """The configured engine; ``device``: what the actor reserved (rollout/devices.py)."""
+    """The configured engine; ``device``: what the actor reserved (comm/devices.py)."""
     engine = cfg.engine
     if engine == "vllm":
         try:
@@ -71,7 +71,7 @@ class RolloutWorker:
         its GPU memory between generations (colocated with a learner rank on GPUs)."""
         import os
 
-        from rollout.devices import reserved_device
+        from comm.devices import reserved_device
 
         torch.set_num_threads(threads or max(1, int(cfg.num_cpus_per_worker)))
         device = reserved_device(cfg.num_gpus_per_worker)

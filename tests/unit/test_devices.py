@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollout.devices import dist_backend, reserved_device
+from comm.devices import dist_backend, reserved_device
 from rollout.vllm_engine import executor_backend
 
 
