@@ -165,50 +165,49 @@ def policy_loss(
     old_logprobs: Tensor,
     advantages: Tensor,
     response_mask: Tensor,
+    cfg: LossConfig | None = None,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
-    clip_mode: str = "fixed",
-    clip_ratio_max: float = 10.0,
-    aggregation: str = "token-mean",
     ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
     entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
     is_weights: Tensor | None = None,
     total_tokens: float | Tensor | None = None,
     total_seqs: float | Tensor | None = None,
-    norm_len: float | None = None,
 ) -> LossOutput:
     """The policy loss of a (micro-)batch. Shapes: log-probs, entropy, mask ``[B, T]``;
-    advantages ``[B]`` (one per sample) or ``[B, T]``; ``is_weights [B, T]`` (no gradient)."""
+    advantages ``[B]`` (one per sample) or ``[B, T]``; ``is_weights [B, T]`` (no gradient).
+    ``cfg``: the loss settings (default :class:`LossConfig`); ``total_tokens``/``total_seqs``:
+    the mini-batch's counts when this call scores one piece of it."""
+    cfg = cfg or LossConfig()
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)  # [B, 1] broadcast over tokens
     mask = response_mask.to(logprobs.dtype)
     log_ratio = torch.clamp(logprobs - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     surr = -advantages * ratio
-    if clip_mode == "dynamic":
-        low, high = dynamic_clip_bounds(old_logprobs.detach(), clip_low, clip_high, clip_ratio_max)
-    elif clip_mode == "fixed":
-        low, high = 1.0 - clip_low, 1.0 + clip_high
+    if cfg.clip_mode == "dynamic":
+        low, high = dynamic_clip_bounds(
+            old_logprobs.detach(), cfg.clip_low, cfg.clip_high, cfg.clip_ratio_max
+        )
+    elif cfg.clip_mode == "fixed":
+        low, high = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
     else:
-        raise ValueError(f"unknown clip_mode {clip_mode!r}; expected one of {CLIP_MODES}")
+        raise ValueError(f"unknown clip_mode {cfg.clip_mode!r}; expected one of {CLIP_MODES}")
     surr_clipped = -advantages * torch.clamp(ratio, low, high)
     pg = torch.maximum(surr, surr_clipped)
-    if clip_ratio_c is not None:
-        pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * clip_ratio_c), pg)
+    if cfg.clip_ratio_c is not None:
+        pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * cfg.clip_ratio_c), pg)
     if is_weights is not None:
         pg = pg * is_weights.detach()
-    total, metrics = _regularised(pg, logprobs, mask, ref_logprobs, kl_coef, entropy, entropy_coef)
+    total, metrics = _regularised(
+        pg, logprobs, mask, ref_logprobs, cfg.kl_coef, entropy, cfg.entropy_coef
+    )
     loss = aggregate(
         total,
         mask,
-        aggregation,
+        cfg.aggregation,
         total_tokens=total_tokens,
         total_seqs=total_seqs,
-        norm_len=norm_len,
+        norm_len=cfg.norm_len,
     )
     with torch.no_grad():
         metrics["pg_loss"] = _masked_mean(pg, mask)

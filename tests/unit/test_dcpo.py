@@ -3,6 +3,7 @@ dynamic clip bounds and the per-prompt state in checkpoints; numbers derived by 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -89,11 +90,11 @@ def test_the_dynamic_clip_lets_a_rare_token_move_further():
     # (bound 1.170820: clipped, term -1.170820). Token-mean: (-2 - 1.170820) / 2 = -1.585410.
     old = torch.tensor([[0.01, 1.0]]).log()
     new = old + math.log(2.0)
-    out = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), clip_mode="dynamic",
-                      clip_low=0.16, clip_high=0.2)  # fmt: skip
+    dynamic = LossConfig(clip_mode="dynamic", clip_low=0.16, clip_high=0.2)
+    out = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), dynamic)
     assert abs(out.loss.item() - (-1.585410)) < 1e-5
     assert out.metrics["pg_clipfrac"].item() == 0.5
-    fixed = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), clip_high=0.2)
+    fixed = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 2), LossConfig(clip_high=0.2))
     assert abs(fixed.loss.item() - (-1.2)) < 1e-6  # both clipped at 1.2
 
 
@@ -140,11 +141,8 @@ def test_the_preset_weights_tokens_as_dcpos_only_token_mean():
     mask[0, :2] = 1.0
     mask[1, :] = 1.0
     logp = torch.full((2, 8), -1.0, requires_grad=True)
-    out = policy_loss(
-        logp, torch.full((2, 8), -1.0), torch.tensor([1.0, 2.0]), mask,
-        clip_mode=loss.clip_mode, clip_low=loss.clip_low, clip_high=loss.clip_high,
-        aggregation=loss.aggregation, norm_len=8,
-    )  # fmt: skip
+    cfg = dataclasses.replace(loss, norm_len=8)
+    out = policy_loss(logp, torch.full((2, 8), -1.0), torch.tensor([1.0, 2.0]), mask, cfg)
     out.loss.backward()
     short, long = -logp.grad[0, 0].item(), -logp.grad[1, 0].item()
     assert abs(long / short - 2.0) < 1e-6

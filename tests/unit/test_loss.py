@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from learner.loss import AGGREGATIONS, aggregate, policy_loss
+from learner.loss import AGGREGATIONS, LossConfig, aggregate, policy_loss
 
 
 def test_hand_computed_token_mean_with_kl_and_entropy():
@@ -21,10 +21,9 @@ def test_hand_computed_token_mean_with_kl_and_entropy():
         torch.zeros(1, 2),
         torch.tensor([-1.0]),
         torch.ones(1, 2),
+        LossConfig(kl_coef=0.1, entropy_coef=0.01),
         ref_logprobs=logp + torch.tensor([[math.log(2), 0.0]]),
-        kl_coef=0.1,
         entropy=torch.tensor([[1.0, 3.0]]),
-        entropy_coef=0.01,
     )
     assert out.loss.item() == pytest.approx(0.8953426, abs=1e-6)
     assert out.metrics["pg_clipfrac"].item() == 0.5
@@ -51,7 +50,8 @@ def test_aggregation_modes_by_hand():
 
 def _grad_wrt_logp(ratio: float, adv: float, **kw):
     logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
-    out = policy_loss(logp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1), **kw)
+    cfg = LossConfig(**kw)
+    out = policy_loss(logp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1), cfg)
     out.loss.backward()
     return logp.grad.item(), out.metrics["pg_clipfrac"].item()
 
@@ -85,9 +85,8 @@ def test_asymmetric_clip_high():
 def test_dual_clip():
     # A = -1, ratio 4 > c = 3: the loss is capped at -A * c = 3 with no gradient.
     logp = torch.tensor([[math.log(4.0)]], requires_grad=True)
-    out = policy_loss(
-        logp, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), clip_ratio_c=3.0
-    )
+    cfg = LossConfig(clip_ratio_c=3.0)
+    out = policy_loss(logp, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), cfg)
     out.loss.backward()
     assert out.loss.item() == pytest.approx(3.0) and logp.grad.item() == 0.0
 
@@ -110,10 +109,10 @@ def test_split_invariance_loss_and_gradient(mode, seed):
     """Whole-batch loss/grad == sum over any split into micro-batches (ranks), each cut to its
     own padded width, when the global token and sequence counts are passed."""
     logp, old, ref, ent, adv, mask, lengths = _random_batch(seed)
-    kw = dict(aggregation=mode, ref_logprobs=ref, kl_coef=0.05, entropy_coef=0.01, norm_len=9)
+    cfg = LossConfig(aggregation=mode, kl_coef=0.05, entropy_coef=0.01, norm_len=9)
 
     full_lp = logp.clone().requires_grad_(True)
-    full = policy_loss(full_lp, old, adv, mask, entropy=ent, **kw).loss
+    full = policy_loss(full_lp, old, adv, mask, cfg, entropy=ent, ref_logprobs=ref).loss
     full.backward()
 
     gen = torch.Generator().manual_seed(100 + seed)
@@ -130,10 +129,11 @@ def test_split_invariance_loss_and_gradient(mode, seed):
             old[rows, :w],
             adv[rows],
             mask[rows, :w],
+            cfg,
             entropy=ent[rows, :w],
+            ref_logprobs=ref[rows, :w],
             total_tokens=total_tokens,
             total_seqs=total_seqs,
-            **{**kw, "ref_logprobs": ref[rows, :w]},
         ).loss
         split_loss = split_loss + piece
     split_loss.backward()
@@ -153,7 +153,7 @@ def test_dual_clip_is_on_by_default_and_can_be_turned_off():
     logp = torch.tensor([[math.log(4.0)]])
     args = (logp, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1))
     assert policy_loss(*args).loss.item() == pytest.approx(3.0)
-    assert policy_loss(*args, clip_ratio_c=None).loss.item() == pytest.approx(4.0)
+    assert policy_loss(*args, LossConfig(clip_ratio_c=None)).loss.item() == pytest.approx(4.0)
 
 
 def test_log_ratio_is_clamped():
