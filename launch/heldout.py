@@ -10,12 +10,11 @@ share of problems with at least one correct sample.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 
 from reward.tasks import Problem
-from rollout.types import Group, SamplingConfig
+from rollout.types import Group, SamplingConfig, SamplingSettings
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -40,7 +39,7 @@ def evaluate(
     generate: Generate,
     verify: Verify,
     problems: list[Problem],
-    sampling: SamplingConfig,
+    sampling: SamplingSettings,
     *,
     k: int = 0,
     n: int | None = None,
@@ -54,14 +53,14 @@ def evaluate(
     *solved* for all three: a score >= ``solved_at`` (the task's highest reward, r_hi), so a
     partial credit counts as unsolved everywhere."""
     prompts = [p.prompt for p in problems]
-    greedy = dataclasses.replace(sampling, n=1, temperature=0.0, seed=seed)
+    greedy = sampling.params(n=1, seed=seed, temperature=0.0)
     solved = [v.score >= solved_at for v in verify(generate(prompts, greedy), problems)]
     out = {"eval/accuracy": sum(solved) / len(solved)}
     if k > 0:
         n = n or k
         if n < k:
             raise ValueError(f"pass@{k} needs at least k samples per problem, got n={n}")
-        params = dataclasses.replace(sampling, n=n, temperature=temperature, seed=seed)
+        params = sampling.params(n=n, seed=seed, temperature=temperature)
         verdicts = verify(generate(prompts, params), problems)
         solved = [v.score >= solved_at for v in verdicts]  # [P * n], problem-major
         correct = [sum(solved[i * n : (i + 1) * n]) for i in range(len(problems))]

@@ -181,8 +181,7 @@ class Trainer:
         t_gen = t_ver = 0.0
         for rnd in range(dyn.max_rounds if dyn.enabled else 1):
             batch = first if rnd == 0 and first is not None else self.sampler.next(want)
-            params = dataclasses.replace(
-                self.cfg.rollout.sampling,
+            params = self.cfg.rollout.sampling.params(
                 n=self.cfg.rollout.n_samples,
                 seed=derive_seed(self.cfg.trainer.seed, "train", step, rnd),
             )

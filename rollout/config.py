@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollout.types import SamplingConfig
+from rollout.types import SamplingSettings
 
 
 @dataclass
@@ -54,7 +54,7 @@ class RolloutConfig:
     """Limit of one remote call (generation of a step's batch, a weight load)."""
     start_timeout_s: float = field(default=900.0, metadata={"gt": 0.0})
     """Limit for workers to build their engines (vLLM start ~20-40 s on CPU)."""
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
 
     def check(self) -> str | None:
         tp, gpus = self.tensor_parallel_size, self.num_gpus_per_worker
@@ -68,8 +68,4 @@ class RolloutConfig:
                 f"tensor_parallel_size: {tp} shards need {tp} GPUs per worker, "
                 f"num_gpus_per_worker is {gpus:g}"
             )
-        if self.sampling.n != 1:
-            return "sampling.n: the group size is rollout.n_samples (sampling.n is set per call)"
-        if self.sampling.seed is not None:
-            return "sampling.seed: set trainer.seed (each step's seed is derived from it)"
         return None

@@ -10,14 +10,14 @@ convention. Every (prompt, sample) of a seeded call has its own random stream
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
 @dataclass
 class SamplingConfig:
-    """Sampling parameters of one generation call (``rollout.sampling`` in the config, where
-    ``n`` and ``seed`` are left at their defaults: the driver sets them per call from
-    ``rollout.n_samples`` and ``trainer.seed``)."""
+    """Sampling parameters of one generation call (made from ``rollout.sampling``,
+    :class:`SamplingSettings`, with the call's group size and seed)."""
 
     n: int = field(default=1, metadata={"ge": 1})
     """Samples per prompt (the group size G)."""
@@ -28,6 +28,24 @@ class SamplingConfig:
     seed: int | None = None
     """Seed of the call; the same seed, prompts and weights give the same samples; sample j of
     the prompt at position p draws from its own stream (rollout/seeding.py)."""
+
+
+@dataclass
+class SamplingSettings:
+    """``rollout.sampling``: what every generation call of a run shares. The group size and the
+    seed are the call's (``rollout.n_samples``, seeds derived from ``trainer.seed``).
+
+    >>> SamplingSettings(max_new_tokens=16).params(n=4, seed=3)
+    SamplingConfig(n=4, temperature=1.0, max_new_tokens=16, seed=3)
+    """
+
+    temperature: float = field(default=1.0, metadata={"ge": 0.0})
+    """0 = greedy (training needs T > 0: the learner divides its logits by T)."""
+    max_new_tokens: int = field(default=8, metadata={"ge": 1})
+
+    def params(self, *, n: int = 1, seed: int | None = None, **changes) -> SamplingConfig:
+        """One call's parameters: these settings with ``changes``, ``n`` samples, ``seed``."""
+        return SamplingConfig(n=n, seed=seed, **{**dataclasses.asdict(self), **changes})
 
 
 @dataclass

@@ -237,7 +237,7 @@ class RolloutGroup:
         into contiguous, equal-sized chunks, one per worker; with a seed s, worker i's call is
         seeded with ``derive_seed(s, "worker", i)`` (its own streams), so a run is reproducible
         for a given number of workers."""
-        params = params or dataclasses.replace(self.cfg.sampling, n=self.cfg.n_samples)
+        params = params or self.cfg.sampling.params(n=self.cfg.n_samples)
         k = len(self.workers)
         bounds = [round(i * len(prompts) / k) for i in range(k + 1)]
         calls = {}

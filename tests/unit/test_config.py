@@ -71,10 +71,16 @@ def test_overrides_apply():
     )
 
 
-def test_unknown_key_names_its_path():
+@pytest.mark.parametrize(
+    "override",
+    # rollout.sampling.n/seed: the group size and the seeds are rollout.n_samples and
+    # trainer.seed; no key exists only to be rejected
+    ["algorithm.avspo.alhpa=0.3", "rollout.sampling.n=4", "rollout.sampling.seed=1"],
+)
+def test_unknown_key_names_its_path(override):
     with pytest.raises(ConfigCompositionException) as err:
-        load("algorithm.avspo.alhpa=0.3")
-    assert "algorithm.avspo.alhpa" in str(err.value)
+        load(override)
+    assert override.split("=")[0] in str(err.value)
 
 
 def test_wrong_type_names_its_path():
@@ -201,7 +207,7 @@ def run_train(*overrides: str, run_dir, ray_tmp=None) -> subprocess.CompletedPro
             "config error: algorithm.avspo.alpha: must be > 0.0, got -1.0",
         ),
         ("trainer.resume=/nonexistent/ckpt", "config error: trainer.resume: resume path"),
-        ("rollout.sampling.n=4", "config error: rollout.sampling.n: the group size is"),
+        ("learner.zero_stage=4", "config error: learner.zero_stage: must be <= 3"),
     ],
 )
 def test_cli_rejects_bad_values_before_any_actor_starts(tmp_path, override, message):
