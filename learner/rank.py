@@ -30,12 +30,7 @@ import torch
 from comm.devices import dist_backend, reserved_device
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import LearnerConfig
-from learner.logprobs import (
-    logits_problem,
-    model_intrinsic,
-    model_logprobs,
-    prefix_problem,
-)
+from learner.logprobs import logits_problem, model_intrinsic, model_logprobs, prefix_problem
 from learner.loss import LossConfig
 from learner.policy import (
     available_ram_bytes,

@@ -449,3 +449,66 @@ def test_learner_seed_follows_trainer_seed():
     assert len(seeds) == 5
     assert learner_seed(load("trainer.seed=3", "learner.seed=7")) == 7  # an explicit seed wins
     assert learner_seed(load("trainer.seed=3")) == learner_seed(load("trainer.seed=3"))
+
+
+# The defaults list's groups in the order Hydra applies them (conf/config.yaml).
+GROUP_ORDER = [
+    "algorithm",
+    "task",
+    "rollout",
+    "learner",
+    "model",
+    "cluster",
+    "logger",
+    "experiment",
+]
+
+
+def _preset_leaves(path):
+    """``{full key: value}`` of a preset file (its package: the group, or ``_global_``)."""
+    from omegaconf import OmegaConf
+
+    text = path.read_text()
+    node = OmegaConf.load(path)
+    for key in ("defaults", "hydra"):
+        node.pop(key, None)
+    group = path.parent.name
+    prefix = "" if path.name == "config.yaml" or "@package _global_" in text else f"{group}."
+
+    def walk(n, at):
+        if OmegaConf.is_dict(n):
+            for k in n:
+                yield from walk(n[k], f"{at}{k}.")
+        else:
+            yield at[:-1], OmegaConf.to_container(n) if OmegaConf.is_config(n) else n
+
+    return dict(walk(node, prefix))
+
+
+def test_presets_state_only_differences_from_the_schema():
+    """One source of truth: a preset (and conf/config.yaml) sets a key only to a value other
+    than the schema's default, unless a group applied before it may set that key too (then
+    restating the default undoes that group's choice: cluster=gpu_node's rollout.engine)."""
+    from omegaconf import OmegaConf
+
+    schema = OmegaConf.structured(TrainConfig)
+    files = [ROOT / "conf" / "config.yaml"] + [
+        p for g in GROUP_ORDER for p in sorted((ROOT / "conf" / g).glob("*.yaml"))
+    ]
+    set_by = {g: set() for g in GROUP_ORDER}
+    for g in GROUP_ORDER:
+        for p in sorted((ROOT / "conf" / g).glob("*.yaml")):
+            set_by[g] |= set(_preset_leaves(p))
+    restated = []
+    for path in files:
+        group = path.parent.name
+        earlier = GROUP_ORDER[: GROUP_ORDER.index(group)] if group in GROUP_ORDER else []
+        overridable = set().union(*(set_by[g] for g in earlier)) if earlier else set()
+        for key, value in _preset_leaves(path).items():
+            if key.endswith(".name") or key == "name" or key in overridable:
+                continue  # a preset names itself; or it undoes an earlier group's value
+            default = OmegaConf.select(schema, key)
+            default = OmegaConf.to_container(default) if OmegaConf.is_config(default) else default
+            if value == default:
+                restated.append(f"{path.relative_to(ROOT)}: {key}")
+    assert not restated, restated

@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("rollout", "reward", "learner", "diagnostics", "launch", "conf")
+SHIPPED = ("comm", "rollout", "reward", "learner", "diagnostics", "launch", "conf")
 LOCAL = {*SHIPPED, "tests"}
 # import name -> distributions that provide it (an import not listed is its own distribution)
 PROVIDERS = {
