@@ -231,10 +231,10 @@ class TrainConfig:
         if problem:
             return problem
         budget = self.verifier.step_budget_s
-        if budget is not None and budget >= self.rollout.timeout_s:
+        if budget is not None and budget >= self.verifier.call_timeout_s:
             return (
-                f"verifier.step_budget_s: {budget:g} must be below rollout.timeout_s "
-                f"({self.rollout.timeout_s:g}), the driver's wait for a verification call"
+                f"verifier.step_budget_s: {budget:g} must be below verifier.call_timeout_s "
+                f"({self.verifier.call_timeout_s:g}), the driver's wait for a verification call"
             )
         ov = self.algorithm.overlong
         if ov.shaping and ov.buffer_len >= sampling.max_new_tokens:

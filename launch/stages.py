@@ -29,7 +29,7 @@ from rollout.weight_sync import WeightSync
 
 class Verifier:
     """The verifier actor (a pool of killable processes: reward/actor.py), restarted when it
-    dies (at most ``rollout.max_restarts`` times) and the batch verified again."""
+    dies (at most ``verifier.max_restarts`` times) and the batch verified again."""
 
     def __init__(self, cfg: TrainConfig, placement, log=print):
         self.cfg, self.placement, self.log = cfg, placement, log
@@ -49,7 +49,7 @@ class Verifier:
         lowest = task.reward_range[0]
         while True:  # a verifier actor that died is restarted and the batch verified again
             call = self.actor.verify.remote(responses, refs, task.verifier, lowest=lowest)
-            timeout_s = self.cfg.rollout.timeout_s  # the driver's wait for any stage's call
+            timeout_s = self.cfg.verifier.call_timeout_s
             verdicts = settle({0: call}, timeout_s=timeout_s, what="verification")[0]
             if not isinstance(verdicts, ActorDied):
                 break
@@ -59,8 +59,8 @@ class Verifier:
     def restart(self, why: str) -> None:
         import ray
 
-        if self.restarts >= self.cfg.rollout.max_restarts:
-            raise ActorGroupError(f"{why}; rollout.max_restarts reached for the verifier")
+        if self.restarts >= self.cfg.verifier.max_restarts:
+            raise ActorGroupError(f"{why}; verifier.max_restarts reached")
         self.restarts += 1
         self.log(f"the verifier actor died ({why}): restarting it")
         with contextlib.suppress(Exception):

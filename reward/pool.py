@@ -55,6 +55,11 @@ class PoolConfig:
     step_budget_s: float | None = field(default=300.0, metadata={"gt": 0.0})
     """Wall-clock budget of one ``verify`` call (a step's responses): when it runs out, the
     items not yet scored get ``timeout`` (counted) instead of stalling the step; null = none."""
+    call_timeout_s: float = field(default=600.0, metadata={"gt": 0.0})
+    """How long the driver waits for the verifier actor's answer to one ``verify`` call before
+    the run stops with an error (above ``step_budget_s``: the budget ends a call first)."""
+    max_restarts: int = field(default=3, metadata={"ge": 0})
+    """How many times a run restarts a verifier actor that died (the batch is verified again)."""
 
 
 @dataclass

@@ -107,7 +107,7 @@ def test_wrong_type_names_its_path():
         ("rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size: 2 needs GPUs"),
         ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization: must be <= 1.0"),
         ("rollout.max_num_seqs=0", "rollout.max_num_seqs: must be >= 1"),
-        ("verifier.step_budget_s=900", "verifier.step_budget_s: 900 must be below rollout"),
+        ("verifier.step_budget_s=900", "verifier.step_budget_s: 900 must be below verifier.call"),
         ("learner.old_logprobs=engine", "learner.old_logprobs: 'engine' is not one of"),
         ("learner.tis_cap=0.5", "learner.tis_cap: must be >= 1.0"),
     ],
