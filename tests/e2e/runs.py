@@ -3,6 +3,7 @@ its metrics rows, and what is left of it."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -109,3 +110,51 @@ def session_processes(sid: int) -> list[str]:
         except (OSError, IndexError):
             continue
     return found
+
+
+def listening() -> set[tuple[str, int, str]]:
+    """``(address, port, inode)`` of every listening TCP socket of this network namespace
+    (/proc/net/tcp{,6}: state 0A; addresses in the kernel's byte order, 4-byte words)."""
+    found = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != "0A":
+                continue
+            addr_hex, port_hex = fields[1].split(":")
+            raw = bytes.fromhex(addr_hex)
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add((str(ipaddress.ip_address(raw)), int(port_hex, 16), fields[9]))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def watch_listening(proc: subprocess.Popen, before: set, deadline: float):
+    """The listening sockets that appeared (beyond ``before``) while ``proc`` ran, and its
+    stdout and stderr (read meanwhile: a full pipe would stall the run)."""
+    import threading
+
+    out: dict[str, str] = {}
+    readers = [
+        threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()), daemon=True)
+        for k, f in (("stdout", proc.stdout), ("stderr", proc.stderr))
+    ]
+    for t in readers:
+        t.start()
+    seen: set[tuple[str, int, str]] = set()
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen |= listening() - before
+        time.sleep(0.2)
+    proc.wait(timeout=60)
+    for t in readers:
+        t.join(timeout=60)
+    return seen, out.get("stdout", ""), out.get("stderr", "")

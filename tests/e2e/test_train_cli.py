@@ -1,7 +1,7 @@
 """`python -m launch.train` end to end with real Ray actors (rollout worker, verifier actor,
 2 DeepSpeed ranks), shortened, on the session's small tiny model (tests/conftest.py FAST_TINY):
-metrics with every documented name, checkpoints, the report, resume after a kill, GRPO vs AVSPO
-on the same rewards, and no secret in the run directory."""
+metrics with every documented name, checkpoints, the report, resume after a kill or a signal,
+faults, bad data (GRPO vs AVSPO on the same rewards: tests/e2e/test_closed_and_multirun.py)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,15 @@ from tests.conftest import fast_tiny_overrides
 from tests.e2e.runs import (
     ROOT,
     deterministic,
+    is_loopback,
+    listening,
     rows,
     run_train,
     session_processes,
     start_train,
     train_cmd,
     wait_for_row,
+    watch_listening,
 )
 from tests.metric_names import SECTION5
 
@@ -61,17 +64,29 @@ STEP_KEYS = SECTION5 | {
 
 @pytest.mark.slow
 def test_short_default_run(tmp_path, tiny_model_dir):
-    """The default config (vllm engine, AVSPO, 2 ZeRO-2 ranks), 3 steps."""
+    """The default config (vllm engine, AVSPO, 2 ZeRO-2 ranks), 3 steps, with the weights synced
+    over the collective (gloo) group: every documented metric, evaluations, checkpoints, the
+    report; and every socket the run opens (Ray's GCS, raylet, workers and agents, DeepSpeed's
+    store and gloo pairs, the weight-sync store, vLLM's own) listens on 127.0.0.1 only
+    (``cluster.listen=loopback``, the default; the control with ``node`` is in
+    tests/e2e/test_closed_and_multirun.py)."""
     run_dir = tmp_path / "run"
-    stdout = run_train(
+    before = listening()
+    proc = start_train(
         run_dir,
         *fast_tiny_overrides(tiny_model_dir),
+        "rollout.weight_sync=collective",
         "trainer.total_steps=3",
         "trainer.eval_every=2",
         "trainer.save_every=2",
         "trainer.prompts_per_step=8",
         "trainer.eval_pass_k=4",
     )
+    seen, stdout, stderr = watch_listening(proc, before, time.monotonic() + 900)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert len(seen) >= 5, seen  # Ray alone opens ~10 listening sockets: the run was seen
+    beyond = sorted((a, p) for a, p, _ in seen if not is_loopback(a))
+    assert not beyond, f"listening beyond loopback: {beyond}"
     assert "model built" not in stdout  # reused the session's build
     got = rows(run_dir)
     assert sorted(got) == [0, 1, 2, 3]
@@ -111,85 +126,6 @@ def whole_run(tmp_path_factory, tiny_model_dir) -> Path:
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_at_the_step_boundary_and_resumes_bit_exactly(
-    tmp_path, tiny_model_dir, whole_run
-):
-    """SIGTERM to the driver during a step: it finishes that step, writes a checkpoint there,
-    shuts every actor down and exits 143 (128 + SIGTERM) printing the resume command; no
-    process of the run remains; resume=auto then reproduces the uninterrupted run exactly."""
-    model = fast_tiny_overrides(tiny_model_dir)
-    cut = tmp_path / "cut"
-    proc = start_train(cut, *model, *HF_RUN)
-    deadline = time.monotonic() + 600
-    wait_for_row(proc, cut, 2, deadline)  # step 2 logged: step 3 runs
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 143, stderr[-3000:]
-    k = max(rows(cut))
-    assert k == 3  # step 3 finished and checkpointed (periodic saves: steps 2 and 4 only)
-    assert (cut / "checkpoints" / "latest").read_text().strip() == f"step_{k:06d}"
-    assert f"stopped by SIGTERM after step {k}" in stderr and "trainer.resume=auto" in stderr
-    deadline = time.monotonic() + 30
-    while session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert session_processes(proc.pid) == []
-
-    stdout = run_train(cut, *model, *HF_RUN, "trainer.resume=auto")
-    assert f"at step {k}" in stdout
-    a, b = rows(whole_run), rows(cut)
-    assert sorted(b) == [0, 1, 2, 3, 4]
-    for step in range(k + 1, 5):
-        assert deterministic(b[step]) == deterministic(a[step])
-
-
-@pytest.mark.slow
-def test_resume_after_a_kill_matches_an_uninterrupted_run(tmp_path, tiny_model_dir, whole_run):
-    model = fast_tiny_overrides(tiny_model_dir)
-    whole = whole_run
-
-    # Same run, killed (SIGKILL to its whole process group: driver, Ray, actors) as soon as the
-    # step-2 checkpoint is committed, then resumed with trainer.resume=auto.
-    cut = tmp_path / "cut"
-    proc = subprocess.Popen(
-        train_cmd(cut, *model, *HF_RUN),
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    latest = cut / "checkpoints" / "latest"
-    deadline = time.monotonic() + 600
-    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    assert latest.read_text().strip() == "step_000002"
-    assert max(rows(cut)) < 4  # it really stopped before the end
-
-    stdout = run_train(cut, *model, *HF_RUN, "trainer.resume=auto")
-    assert "resumed from" in stdout and "at step 2" in stdout
-    a, b = rows(whole), rows(cut)
-    assert sorted(b) == [0, 1, 2, 3, 4]
-    for step in (3, 4):  # bit-exact: same floats, same keys
-        assert deterministic(b[step]) == deterministic(a[step])
-
-    # launch.evaluate on the final checkpoint gives the run's own last greedy evaluation
-    ckpt = whole / "checkpoints" / "step_000004"
-    out = subprocess.run(
-        [sys.executable, "-m", "launch.evaluate", *model, "rollout=hf", f"trainer.resume={ckpt}",
-         "trainer.eval_pass_k=0", f"hydra.run.dir={tmp_path}/eval"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    test_split = make_task(TaskConfig(difficulty=1, num_test=32)).test  # L1 has few distinct ones
-    assert result["model"] == str(ckpt / "model") and result["num_problems"] == len(test_split)
-    assert result["eval/accuracy"] == a[4]["eval/accuracy"]
-
-
-@pytest.mark.slow
 def test_the_colocated_default_trains_like_the_split_layout(tmp_path, tiny_model_dir, whole_run):
     """Colocated (the default: engine and ranks share one placement group, each phase computes
     on all cores) against split devices (threads from num_cpus_*): same seed, so the same
@@ -210,46 +146,6 @@ def test_the_colocated_default_trains_like_the_split_layout(tmp_path, tiny_model
                 assert b[step][key] == pytest.approx(row[key], rel=1e-4, abs=1e-6), (step, key)
                 compared += 1
     assert compared == 4 * 3 + 3  # 4 steps x 3 training keys + eval at steps 0, 2, 4
-
-
-@pytest.mark.slow
-def test_avspo_lowers_effective_collapse_on_the_same_rewards(tmp_path, tiny_model_dir):
-    """Step 1 of both runs sees identical rewards (same seed, same weights): GRPO leaves every
-    collapsed group at zero advantage (effective == raw); AVSPO, triggered, gives them non-zero
-    advantages (effective < raw). Also: with logger=wandb and a key in the environment, the key
-    appears in no file of the run directory."""
-    model = fast_tiny_overrides(tiny_model_dir)
-    short = ["rollout=hf", "trainer.total_steps=2", "trainer.eval_every=0"]
-    short += ["trainer.eval_pass_k=0", "trainer.prompts_per_step=16", "logger.report=false"]
-    grpo = tmp_path / "grpo"
-    run_train(grpo, *model, *short, "algorithm=grpo")
-    avspo = tmp_path / "avspo"
-    sentinel = "sk-test-SENTINEL-4f1d2c9a8b7e"
-    run_train(
-        avspo,
-        *model,
-        *short,
-        "algorithm=avspo",
-        "algorithm.trigger.policy=always",  # triggers at ACR_t > 0 (step 1 measured 0.06)
-        "logger=wandb",
-        env={"WANDB_API_KEY": sentinel, "WANDB_MODE": "offline"},
-    )
-    g, a = rows(grpo), rows(avspo)
-    assert g[1]["acr/raw"] == a[1]["acr/raw"] and g[1]["reward/mean"] == a[1]["reward/mean"]
-    for step in (1, 2):
-        assert g[step]["acr/effective"] == g[step]["acr/raw"]
-    triggered = [s for s in (1, 2) if a[s]["avspo/triggered"] == 1.0]
-    assert 1 in triggered and a[1]["acr/raw"] > 0
-    assert a[1]["acr/effective"] < g[1]["acr/effective"]
-    for step in triggered:
-        assert a[step]["acr/effective"] < a[step]["acr/raw"]
-        assert a[step]["avspo/virtual_samples"] > 0
-
-    assert (avspo / "wandb").is_dir()  # the offline wandb run is there...
-    files = [p for p in avspo.rglob("*") if p.is_file()]
-    assert files
-    for path in files:  # ...and the key is in none of its files
-        assert sentinel.encode() not in path.read_bytes(), path
 
 
 @pytest.mark.slow
@@ -354,11 +250,18 @@ def test_evaluate_test_only_and_several_eval_tasks(tmp_path, tiny_model_dir):
     """launch.evaluate with trainer.eval_tasks: the arithmetic L1 test split (generated) and the
     same problems from a local file through the test-only `math500` loader (its prompt set to
     the tiny model's template, chat-templated with the tiny tokenizer's concatenating
-    template): per-task metrics, equal to each other (greedy; same prompts), and their mean."""
+    template): per-task metrics, equal to each other (greedy; same prompts), and their mean.
+
+    With ``rollout=vllm`` and a stand-in ``vllm`` package that fails to import first on the
+    path of every process: the rollout worker says it falls back to the hf engine, and the
+    driver's console shows that warning (``cluster.actor_logs``, default on)."""
     problems = make_task(TaskConfig(difficulty=1, num_test=32)).test
     data = tmp_path / "arith.jsonl"
     data.write_text("".join(json.dumps({"problem": p.question, "answer": p.answer}) + "\n"
                             for p in problems))  # fmt: skip
+    fake = tmp_path / "fake" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("vllm hidden by the test")\n')
     model = fast_tiny_overrides(tiny_model_dir)
     overrides = [
         "+task@trainer.eval_tasks.gen=arithmetic", "trainer.eval_tasks.gen.difficulty=1",
@@ -370,12 +273,15 @@ def test_evaluate_test_only_and_several_eval_tasks(tmp_path, tiny_model_dir):
         "trainer.eval_tasks.file.chat_template=true",
     ]  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-m", "launch.evaluate", *model, "rollout=hf", *overrides,
+        [sys.executable, "-m", "launch.evaluate", *model, "rollout=vllm", *overrides,
          "trainer.eval_pass_k=2", f"hydra.run.dir={tmp_path}/eval"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-        timeout=600,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{fake.parent}:{ROOT}"},
+        capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
+    console = out.stdout + out.stderr
+    assert "vLLM is not installed: using the transformers (hf) engine" in console
+    assert "RolloutWorker pid=" in console  # Ray's prefix: it came from the actor
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["num_problems"] == 2 * len(problems)
     assert r["eval/gen/accuracy"] == r["eval/file/accuracy"] == r["eval/accuracy"] > 0
@@ -409,27 +315,6 @@ def test_smollm2_cpu_experiment_two_steps(tmp_path):
         assert got[step]["reward/verifier_timeout_frac"] == 0.0
         assert got[step]["actor/skipped_steps"] == 0.0
     assert 0.0 <= got[2]["eval/accuracy"] <= 1.0 and "eval/pass@2" in got[2]
-
-
-@pytest.mark.slow
-def test_an_actors_warning_reaches_the_drivers_console(tmp_path, tiny_model_dir):
-    """cluster.actor_logs (default on): a rollout worker that cannot import vLLM says so, and
-    the driver's console shows it (a stand-in ``vllm`` package that fails to import is first on
-    the path of every process of the run). The evaluation still runs, on the hf engine."""
-    fake = tmp_path / "fake" / "vllm"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text('raise ImportError("vllm hidden by the test")\n')
-    out = subprocess.run(
-        [sys.executable, "-m", "launch.evaluate", *fast_tiny_overrides(tiny_model_dir),
-         "rollout=vllm", "trainer.eval_pass_k=0", f"hydra.run.dir={tmp_path}/eval"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{fake.parent}:{ROOT}"},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    console = out.stdout + out.stderr
-    assert "vLLM is not installed: using the transformers (hf) engine" in console
-    assert "RolloutWorker pid=" in console  # Ray's prefix: it came from the actor
-    assert json.loads(out.stdout.strip().splitlines()[-1])["eval/accuracy"] > 0
 
 
 @pytest.mark.slow
@@ -478,16 +363,23 @@ def _kill_actor(sid: int, name: str) -> int:
 
 
 @pytest.mark.slow
-def test_killed_rollout_and_verifier_actors_are_restarted_and_the_run_is_unchanged(
+def test_killed_actors_are_restarted_and_sigterm_checkpoints_then_resume_is_bit_exact(
     tmp_path, tiny_model_dir, whole_run
 ):
-    """SIGKILL the rollout worker once step 1 is logged and the verifier actor once step 2 is:
-    both are restarted (with the current weights), what was lost is regenerated with the same
-    seeds or verified again, and every step's metrics equal the uninterrupted run's (the
-    learner trained on exactly the same samples, each once: its losses, entropies and token
-    counts match); fault/actor_restarts counts 2. This run syncs weights over the collective
-    (gloo) group, the uninterrupted one through the object store: the restarted worker makes
-    every member rejoin a new group, and both transports deliver the same bits."""
+    """One run, three faults, the uninterrupted run's numbers:
+
+    - SIGKILL the rollout worker once step 1 is logged and the verifier actor once step 2 is:
+      both are restarted (with the current weights), what was lost is regenerated with the same
+      seeds or verified again (``fault/actor_restarts`` 2). This run syncs weights over the
+      collective (gloo) group, the uninterrupted one through the object store: the restarted
+      worker makes every member rejoin a new group, and both transports deliver the same bits.
+    - SIGTERM to the driver during step 3: it finishes that step, writes a checkpoint there,
+      shuts every actor down and exits 143 (128 + SIGTERM) printing the resume command; no
+      process of the run remains.
+    - ``trainer.resume=auto`` then runs step 4.
+
+    Every step's metrics equal the uninterrupted run's: the learner trained on exactly the same
+    samples, each once (its losses, entropies and token counts match)."""
     run = tmp_path / "run"
     overrides = (*fast_tiny_overrides(tiny_model_dir), *HF_RUN, "rollout.weight_sync=collective")
     proc = start_train(run, *overrides)
@@ -495,37 +387,63 @@ def test_killed_rollout_and_verifier_actors_are_restarted_and_the_run_is_unchang
     for after, actor in ((1, "RolloutWorker"), (2, "VerifierActor")):
         wait_for_row(proc, run, after, deadline)
         _kill_actor(proc.pid, actor)
+    proc.send_signal(signal.SIGTERM)  # step 3 runs (step 2 is logged)
     stdout, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, stderr[-3000:]
-    a, b = rows(whole_run), rows(run)
-    assert sorted(b) == sorted(a)
-    faults = lambda r: {k: v for k, v in r.items() if k.startswith("fault/")}  # noqa: E731
-    for step in a:
-        assert deterministic(b[step]).keys() == deterministic(a[step]).keys()
-        assert {k: v for k, v in deterministic(b[step]).items() if not k.startswith("fault/")} == {
-            k: v for k, v in deterministic(a[step]).items() if not k.startswith("fault/")
-        }, step
-    assert faults(b[4]) == {"fault/actor_restarts": 2.0, **faults(b[4])}
+    assert proc.returncode == 143, stderr[-3000:]
+    assert max(rows(run)) == 3  # step 3 finished and checkpointed (periodic saves: 2 and 4)
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000003"
+    assert "stopped by SIGTERM after step 3" in stderr and "trainer.resume=auto" in stderr
     assert "restarting" in stderr + stdout
+    assert rows(run)[3]["fault/actor_restarts"] == 2.0
+    deadline = time.monotonic() + 30
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert session_processes(proc.pid) == []
+
+    stdout = run_train(run, *overrides, "trainer.resume=auto")
+    assert "at step 3" in stdout
+    a, b = rows(whole_run), rows(run)
+    assert sorted(b) == sorted(a) == [0, 1, 2, 3, 4]
+    no_faults = lambda r: {k: v for k, v in deterministic(r).items() if not k.startswith("fault/")}  # noqa: E731
+    for step in a:
+        assert deterministic(b[step]).keys() == deterministic(a[step]).keys(), step
+        assert no_faults(b[step]) == no_faults(a[step]), step
 
 
 @pytest.mark.slow
-def test_a_dead_learner_rank_ends_the_run_with_an_emergency_note_and_resume_continues(
+def test_a_killed_run_and_a_dead_learner_rank_resume_to_the_uninterrupted_numbers(
     tmp_path, tiny_model_dir, whole_run
 ):
-    """SIGKILL a DeepSpeed rank once step 2 (checkpointed) is logged: its shards and optimizer
-    state are gone, so the run ends (exit 1, not hanging in the live rank's collective) with an
-    emergency note naming the intact step-2 checkpoint and the resume command; no process of the
-    run remains; resume=auto then reproduces the uninterrupted run's steps 3-4 exactly."""
+    """Two hard stops of one run, then the uninterrupted run's numbers:
+
+    - SIGKILL to the whole process group (driver, Ray, actors) as soon as the step-2
+      checkpoint is committed; ``trainer.resume=auto`` continues from it;
+    - in that resumed run, SIGKILL a DeepSpeed rank once step 3 is logged: its shards and
+      optimizer state are gone, so the run ends (exit 1, not hanging in the live rank's
+      collective) with an emergency note naming the intact step-2 checkpoint and the resume
+      command; no process of the run remains;
+    - ``trainer.resume=auto`` again reproduces steps 3-4 exactly.
+
+    Then ``launch.evaluate`` on the uninterrupted run's final checkpoint gives that run's own
+    last greedy evaluation."""
     model = fast_tiny_overrides(tiny_model_dir)
     run = tmp_path / "run"
     proc = start_train(run, *model, *HF_RUN)
-    wait_for_row(proc, run, 2, time.monotonic() + 600)
-    while not (run / "checkpoints" / "latest").exists():  # written right after the row
-        time.sleep(0.05)
+    latest = run / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert latest.read_text().strip() == "step_000002"
+    assert max(rows(run)) < 4  # it really stopped before the end
+
+    proc = start_train(run, *model, *HF_RUN, "trainer.resume=auto")
+    wait_for_row(proc, run, 3, time.monotonic() + 600)
     _kill_actor(proc.pid, "LearnerRank")
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1, stderr[-3000:]
+    assert "resumed from" in stdout and "at step 2" in stdout
     note = json.loads((run / "emergency.json").read_text())
     assert note["checkpoint"].endswith("step_000002") and note["checkpoints_refused"] == []
     assert "died" in note["error"] and note["resume"].endswith("trainer.resume=auto")
@@ -539,5 +457,18 @@ def test_a_dead_learner_rank_ends_the_run_with_an_emergency_note_and_resume_cont
     assert "at step 2" in stdout
     a, b = rows(whole_run), rows(run)
     assert sorted(b) == [0, 1, 2, 3, 4]
-    for step in (3, 4):
+    for step in (3, 4):  # bit-exact: same floats, same keys
         assert deterministic(b[step]) == deterministic(a[step])
+
+    ckpt = whole_run / "checkpoints" / "step_000004"
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.evaluate", *model, "rollout=hf", f"trainer.resume={ckpt}",
+         "trainer.eval_pass_k=0", f"hydra.run.dir={tmp_path}/eval"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    test_split = make_task(TaskConfig(difficulty=1, num_test=32)).test  # L1 has few distinct ones
+    assert result["model"] == str(ckpt / "model") and result["num_problems"] == len(test_split)
+    assert result["eval/accuracy"] == a[4]["eval/accuracy"]
