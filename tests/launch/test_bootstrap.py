@@ -16,11 +16,10 @@ from launch.tiny_model import build_tokenizer, sampled_accuracy
 from reward.arithmetic import sample_problems
 from tests.conftest import FAST_TINY
 
-# A smaller, faster variant than the default (conf/model/tiny.yaml: 3.4M parameters, 500 steps,
-# ~40% pass@1 at temperature 1 on L3). This one: 0.86M parameters, 350 steps on L0-L2 (~20 s).
+# Builds here use the session's FAST_TINY (tests/conftest.py: 0.86M parameters, 150 steps on
+# L0-L2) and MICRO (below); the default (3.4M, 500 steps: 551 s pinned) is built by the default
+# run's test alone.
 QUIET = lambda *_: None  # noqa: E731  (a log function that prints nothing)
-
-SMALL = dataclasses.replace(FAST_TINY, sft_steps=350)
 
 
 def test_tokenizer_round_trip_and_specials():
@@ -33,18 +32,12 @@ def test_tokenizer_round_trip_and_specials():
     assert tok.apply_chat_template([{"role": "user", "content": "3+4="}], tokenize=False) == "3+4="
 
 
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("models")
-    folder = ensure_model(ModelConfig(source="tiny", cache_dir=str(cache), tiny=SMALL), log=QUIET)
-    return cache, folder
-
-
 @pytest.mark.slow
-def test_tiny_builds_offline_and_loads_back(small_model):
+def test_tiny_builds_offline_and_loads_back(tiny_model_dir):
+    """The session's FAST_TINY build (tests/conftest.py): what every Ray test runs."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _, folder = small_model
+    folder = tiny_model_dir
     model = AutoModelForCausalLM.from_pretrained(folder)
     tok = AutoTokenizer.from_pretrained(folder)
     assert model.config.hidden_size // model.config.num_attention_heads >= 32  # vLLM CPU
@@ -61,46 +54,43 @@ def test_tiny_builds_offline_and_loads_back(small_model):
 
 
 @pytest.mark.slow
-def test_tiny_accuracy_is_partial(small_model):
+def test_tiny_accuracy_is_partial(tiny_model_dir):
+    """The session's FAST_TINY mixes right and wrong answers on the levels the Ray tests use
+    (task.difficulty=1): their groups are neither all correct nor all wrong."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _, folder = small_model
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    tok = AutoTokenizer.from_pretrained(folder)
-    # L2 held-out (two digits + one digit, 99 problems): measured 0.485 at temperature 1 for this
-    # seeded variant unpinned, 0.646 with the pinned build (2026-12-01); the band keeps groups of
-    # 8 mixed (at 0.7 only 0.7^8 = 6% of them come out all correct).
-    acc = sampled_accuracy(model, tok, sample_problems(2, 200, split="test", seed=0))
-    assert 0.2 <= acc <= 0.7, acc
-    # and L0 (one-digit sums) is half learned or more, L6 is not: the levels order difficulty.
-    # L0's test split has only 9 distinct problems, so L0 vs L2 is within noise: on an AVX-512
-    # EPYC this build measured L0 0.556, L1 0.500, L2 0.586, L6 0.000 (docs/NOTES.md).
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # L1 held-out at temperature 1, 200 draws: measured 0.214 on the pinned build (2026-12-02);
+    # one binomial std is sqrt(0.21 * 0.79 / 200) = 0.029, so [0.1, 0.4] is about 4 stds wide
+    # of it either way and still "partial" (at 0.4, 0.4^4 = 3% of groups of 4 all correct).
+    acc = sampled_accuracy(model, tok, sample_problems(1, 200, split="test", seed=0))
+    assert 0.1 <= acc <= 0.4, acc
+    # and the levels order difficulty: L0 (one-digit sums) measured 0.333, L6 0.000
     easy = sampled_accuracy(model, tok, sample_problems(0, 200, split="test", seed=0))
     hard = sampled_accuracy(model, tok, sample_problems(6, 200, split="test", seed=0))
-    assert min(easy, acc) > hard + 0.3, (easy, acc, hard)
+    assert easy > hard + 0.15, (easy, hard)
 
 
 @pytest.mark.slow
-def test_cache_is_reused_and_a_corrupt_build_is_rebuilt(small_model):
-    cache, folder = small_model
-    manifest = (folder_path := __import__("pathlib").Path(folder)) / MANIFEST
+def test_cache_is_reused_and_a_corrupt_build_is_rebuilt(tmp_path):
+    """On MICRO (below: ~10 s a build): a second ensure_model reuses the folder; a truncated
+    weights file is found and rebuilt, bit-identical (the build is seeded and pinned)."""
+    from pathlib import Path
+
+    cfg = ModelConfig(source="tiny", cache_dir=str(tmp_path), tiny=MICRO)
+    folder = Path(ensure_model(cfg, log=QUIET))
+    manifest = folder / MANIFEST
     stamp = manifest.stat().st_mtime_ns
-    assert (
-        ensure_model(ModelConfig(source="tiny", cache_dir=str(cache), tiny=SMALL), log=QUIET)
-        == folder
-    )
+    assert ensure_model(cfg, log=QUIET) == str(folder)
     assert manifest.stat().st_mtime_ns == stamp  # not rebuilt
-    weights = folder_path / "model.safetensors"
+    weights = folder / "model.safetensors"
     original = weights.read_bytes()
     weights.write_bytes(original[: len(original) // 2])  # a truncated copy
-    assert not is_complete(folder_path)
+    assert not is_complete(folder)
     logs = []
-    again = ensure_model(
-        ModelConfig(source="tiny", cache_dir=str(cache), tiny=SMALL), log=logs.append
-    )
-    assert again == folder and is_complete(folder_path)
+    assert ensure_model(cfg, log=logs.append) == str(folder) and is_complete(folder)
     assert any("incomplete or corrupt" in line for line in logs)
-    # seeded and deterministic: the rebuild is bit-identical
     assert weights.read_bytes() == original
 
 
