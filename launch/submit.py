@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout, or site-packages when installed
-PACKAGES = ("rollout", "reward", "learner", "diagnostics", "launch", "conf")  # what the job runs
+PACKAGES = ("comm", "rollout", "reward", "learner", "diagnostics", "launch", "conf")  # shipped
 EXCLUDES = [
     ".venv", ".git", "outputs", "multirun", "wandb", "build", "__pycache__", "*.egg-info",
     ".ruff_cache", ".pytest_cache", ".hypothesis", ".env",

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launch.submit import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rollout", "reward", "learner", "diagnostics", "launch", "conf")
 SCRIPTS = ("avspo-train", "avspo-evaluate", "avspo-analyze", "avspo-submit")
 TIMEOUT_S = 300
 

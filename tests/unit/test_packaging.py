@@ -16,10 +16,12 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from launch.submit import PACKAGES
+
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("comm", "rollout", "reward", "learner", "diagnostics", "launch", "conf")
+SHIPPED = PACKAGES  # what the wheel ships and a submitted job uploads
 LOCAL = {*SHIPPED, "tests"}
 # import name -> distributions that provide it (an import not listed is its own distribution)
 PROVIDERS = {
@@ -180,3 +182,16 @@ def test_console_scripts_are_the_modules_entry_points():
         module, _, attr = target.partition(":")
         assert module == f"launch.{script.removeprefix('avspo-')}", script
         assert callable(getattr(importlib.import_module(module), attr)), target
+
+
+def test_the_shipped_packages_are_the_ones_pyproject_includes_and_the_tests_cover():
+    """One list (launch/submit.py PACKAGES): what the wheel ships, what a submitted job uploads,
+    what the size, import and packaging checks read, and the doctest paths. A new top-level
+    package missing from it was uploaded by nothing and never size-checked."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert sorted(p.rstrip("*") for p in include) == sorted(PACKAGES)
+    testpaths = project["tool"]["pytest"]["ini_options"]["testpaths"]
+    assert set(PACKAGES) - {"conf"} <= set(testpaths)
+    tops = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()} - {"tests", "docker"}
+    assert tops == set(PACKAGES)
