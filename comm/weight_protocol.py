@@ -141,8 +141,8 @@ def _header(
 
 
 class Sender:
-    """Learner rank 0's end: ``send(version, tensors_of)`` where ``tensors_of(bucket)`` gives
-    the bucket's tensors (a context manager: the learner gathers ZeRO-3 shards inside it)."""
+    """Learner rank 0's end: :meth:`send_header`, then :meth:`send_bucket` for each bucket in
+    order (the learner gathers a bucket's ZeRO-3 shards around each call)."""
 
     def __init__(self, group, store, specs: list[TensorSpec], bucket_bytes: int, backend: str):
         self.group, self.store, self.specs, self.backend = group, store, specs, backend

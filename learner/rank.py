@@ -437,7 +437,8 @@ class LearnerRank:
     def open_weight_group(self, group) -> int:
         """Every rank plans the buckets (ZeRO-3 gathers bucket by bucket on all ranks); rank 0
         also joins the sync group (``group``: comm/weight_protocol.py ``SyncGroup``) as its rank
-        0, hosting its store at ``group.host:group.port``. A rebuilt group replaces the old."""
+        0, hosting its store at ``group.host:group.port``. A rebuilt group replaces the old one
+        and meets on the same store (made on the first call: one per run)."""
         from comm.weight_protocol import TensorSpec, open_sender, plan_buckets, sync_store
 
         specs = [TensorSpec(n, d, s) for n, d, s in self.weight_specs()]

@@ -112,6 +112,15 @@ def session_processes(sid: int) -> list[str]:
     return found
 
 
+def processes_left(sid: int, within_s: float = 30.0) -> list[str]:
+    """The processes of session ``sid`` still alive after waiting up to ``within_s`` for them
+    to exit (Ray's daemons exit within moments of ray.shutdown())."""
+    deadline = time.monotonic() + within_s
+    while session_processes(sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return session_processes(sid)
+
+
 def listening() -> set[tuple[str, int, str]]:
     """``(address, port, inode)`` of every listening TCP socket of this network namespace
     (/proc/net/tcp{,6}: state 0A; addresses in the kernel's byte order, 4-byte words)."""

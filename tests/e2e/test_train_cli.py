@@ -23,9 +23,9 @@ from tests.e2e.runs import (
     deterministic,
     is_loopback,
     listening,
+    processes_left,
     rows,
     run_train,
-    session_processes,
     start_train,
     train_cmd,
     wait_for_row,
@@ -395,10 +395,7 @@ def test_killed_actors_are_restarted_and_sigterm_checkpoints_then_resume_is_bit_
     assert "stopped by SIGTERM after step 3" in stderr and "trainer.resume=auto" in stderr
     assert "restarting" in stderr + stdout
     assert rows(run)[3]["fault/actor_restarts"] == 2.0
-    deadline = time.monotonic() + 30
-    while session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert session_processes(proc.pid) == []
+    assert processes_left(proc.pid) == []
 
     stdout = run_train(run, *overrides, "trainer.resume=auto")
     assert "at step 3" in stdout
@@ -448,10 +445,7 @@ def test_a_killed_run_and_a_dead_learner_rank_resume_to_the_uninterrupted_number
     assert note["checkpoint"].endswith("step_000002") and note["checkpoints_refused"] == []
     assert "died" in note["error"] and note["resume"].endswith("trainer.resume=auto")
     assert "continue with:" in stderr and "emergency.json" in stderr
-    deadline = time.monotonic() + 30
-    while session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert session_processes(proc.pid) == []
+    assert processes_left(proc.pid) == []
 
     stdout = run_train(run, *model, *HF_RUN, "trainer.resume=auto")
     assert "at step 2" in stdout
