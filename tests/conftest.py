@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import glob
 import os
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 
 from launch.bootstrap import ModelConfig, ensure_model
 from launch.tiny_model import TinyConfig
+from tests.helpers import remove_orphan_shm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +75,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    cache = tmp_path_factory.mktemp("model_cache")
+    """FAST_TINY, built once per test session: under pytest-xdist each worker has its own
+    basetemp inside the session's, and the build goes beside them (bootstrap's file lock makes
+    the second worker wait for the first's build)."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "model_cache"
+    cache.mkdir(exist_ok=True)
     return ensure_model(
         ModelConfig(source="tiny", cache_dir=str(cache), tiny=FAST_TINY), log=lambda *_: None
     )
@@ -94,6 +98,4 @@ def ray_cluster():
     )
     yield
     ray.shutdown()
-    for path in glob.glob("/dev/shm/deepspeed_allreduce_buffer_*"):
-        with contextlib.suppress(OSError):
-            os.remove(path)
+    remove_orphan_shm()  # not a buffer of a run on the other pytest worker

@@ -26,3 +26,32 @@ AVSPO = frozenset(
 )
 VERIFIER = frozenset({"reward/verifier_error_frac", "reward/verifier_timeout_frac"})
 SECTION5 = ACR | AVSPO | VERIFIER
+
+# What every training step of a run logs: section 5 and more (the e2e runs check them all).
+STEP_KEYS = SECTION5 | {
+    "acr/trained",
+    "acr/acr100_steps",
+    "reward/mean",
+    "reward/mean_trained",
+    "response_length/mean",
+    "response_length/mean_trained",
+    "avspo/acr_trigger",
+    "actor/grad_clip_frac",
+    "rollout/lagged_token_frac",
+    "response_length/clip_ratio",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "rollout/logprob_abs_diff_mean",
+    "rollout/logprob_abs_diff_max",
+    "rollout/is_weight_mean",
+    "rollout/is_clipped_frac",
+    "rollout/mixed_token_share",
+    "timing_s/advantage",
+    "timing_s/generate",
+    "timing_s/verify",
+    "timing_s/learner",
+    "timing_s/weight_sync",
+    "timing_s/other",
+    "timing_s/step",
+}

@@ -147,9 +147,30 @@ def is_loopback(address: str) -> bool:
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
+def socket_sessions() -> dict[str, int]:
+    """Socket inode -> the session id of a process holding it (/proc/*/fd: ``socket:[inode]``)."""
+    found = {}
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            sid = os.getsid(int(fd_dir.parent.name))
+            names = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                target = os.readlink(fd_dir / name)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                found[target[8:-1]] = sid
+    return found
+
+
 def watch_listening(proc: subprocess.Popen, before: set, deadline: float):
-    """The listening sockets that appeared (beyond ``before``) while ``proc`` ran, and its
-    stdout and stderr (read meanwhile: a full pipe would stall the run)."""
+    """The listening sockets that appeared (beyond ``before``) while ``proc`` ran and that a
+    process of its session (``start_new_session``: the driver, Ray, the actors) held, and its
+    stdout and stderr (read meanwhile: a full pipe would stall the run). A test running beside
+    it (the other pytest worker) opens sockets of its own: not counted."""
     import threading
 
     out: dict[str, str] = {}
@@ -160,8 +181,13 @@ def watch_listening(proc: subprocess.Popen, before: set, deadline: float):
     for t in readers:
         t.start()
     seen: set[tuple[str, int, str]] = set()
+    checked = set(before)
     while proc.poll() is None and time.monotonic() < deadline:
-        seen |= listening() - before
+        new = listening() - checked
+        if new:
+            sessions = socket_sessions()
+            seen |= {s for s in new if sessions.get(s[2]) == proc.pid}
+            checked |= new
         time.sleep(0.2)
     proc.wait(timeout=60)
     for t in readers:

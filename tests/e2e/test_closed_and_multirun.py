@@ -1,6 +1,6 @@
-"""A local run is closed to the network (cluster.listen=loopback), and a Hydra multirun (GRPO and
-AVSPO on the same rewards) runs its jobs one after another in one process without leaking Ray
-resources. Real actors throughout."""
+"""A Hydra multirun (GRPO and AVSPO on the same rewards) runs its jobs one after another in one
+process without leaking Ray resources, and with ``cluster.listen=node`` its sockets listen beyond
+loopback (the control of the default run's loopback check). Real actors throughout."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.e2e.runs import (
     listening,
     processes_left,
     rows,
-    start_train,
+    socket_sessions,
     watch_listening,
 )
 
@@ -35,32 +35,8 @@ def test_the_socket_reader_decodes_the_kernels_format():
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        assert ("127.0.0.1", port) in {(a, p) for a, p, _ in listening()}
-
-
-@pytest.mark.slow
-def test_cluster_listen_node_opens_sockets_beyond_loopback(tmp_path, tiny_model_dir):
-    """The control of the loopback check in tests/e2e/test_train_cli.py test_short_default_run
-    (every socket of a default run listens on 127.0.0.1): with ``cluster.listen=node`` (Ray's
-    own default) the same check sees Ray's GCS and raylet listen on every interface."""
-    before = listening()
-    run_dir = tmp_path / "run"
-    proc = start_train(
-        run_dir,
-        *fast_tiny_overrides(tiny_model_dir),
-        "cluster.listen=node",
-        "rollout=hf",
-        "trainer.total_steps=1",
-        "trainer.prompts_per_step=4",
-        "trainer.eval_every=0",
-        "trainer.eval_pass_k=0",
-        "logger.report=false",
-    )
-    seen, out, err = watch_listening(proc, before, time.monotonic() + 900)
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    assert 1 in rows(run_dir)
-    assert len(seen) >= 5, seen  # Ray alone opens ~10 (GCS, raylet x2, agents, workers)
-    assert len([a for a, _, _ in seen if not is_loopback(a)]) >= 2, seen
+        [inode] = [i for a, p, i in listening() if (a, p) == ("127.0.0.1", port)]
+        assert socket_sessions()[inode] == os.getsid(0)  # ours: attributed to our session
 
 
 @pytest.mark.slow
@@ -72,7 +48,11 @@ def test_grpo_and_avspo_as_a_two_job_multirun_on_the_same_rewards(tmp_path, tiny
     Step 1 of both jobs sees identical rewards (same seed, same weights: a job does not depend
     on the one before it): GRPO leaves every collapsed group at zero advantage (effective ==
     raw); AVSPO, triggered, gives them non-zero advantages (effective < raw). With logger=wandb
-    and a key in the environment, the key appears in no file of either run directory."""
+    and a key in the environment, the key appears in no file of either run directory.
+
+    The sweep runs with ``cluster.listen=node`` (Ray's own default): the control of the loopback
+    check in tests/e2e/test_default_run.py (every socket of a default run listens on 127.0.0.1),
+    the same check here sees Ray's GCS and raylet listen on every interface."""
     sweep = tmp_path / "sweep"
     sentinel = "sk-test-SENTINEL-4f1d2c9a8b7e"
     cmd = [
@@ -82,6 +62,7 @@ def test_grpo_and_avspo_as_a_two_job_multirun_on_the_same_rewards(tmp_path, tiny
         "--multirun",
         "algorithm=grpo,avspo",
         "algorithm.trigger.policy=always",  # AVSPO triggers at ACR_t > 0 (step 1: ~0.06)
+        "cluster.listen=node",
         "rollout=hf",
         *fast_tiny_overrides(tiny_model_dir),
         "trainer.total_steps=2",
@@ -92,6 +73,7 @@ def test_grpo_and_avspo_as_a_two_job_multirun_on_the_same_rewards(tmp_path, tiny
         "logger.report=false",
         f"hydra.sweep.dir={sweep}",
     ]
+    before = listening()
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -102,8 +84,10 @@ def test_grpo_and_avspo_as_a_two_job_multirun_on_the_same_rewards(tmp_path, tiny
         text=True,
         start_new_session=True,  # its session id is its pid: what is left of it is findable
     )  # fmt: skip
-    out, err = proc.communicate(timeout=1200)
+    seen, out, err = watch_listening(proc, before, time.monotonic() + 1200)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert len(seen) >= 5, seen  # Ray alone opens ~10 (GCS, raylet x2, agents, workers)
+    assert len([a for a, _, _ in seen if not is_loopback(a)]) >= 2, seen
     assert out.count("held-out accuracy:") == 2, out[-3000:]
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [p.name for p in jobs] == ["0", "1"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import json
 import os
 import secrets
@@ -27,6 +26,7 @@ from typing import NamedTuple
 import pytest
 
 from tests.conftest import fast_tiny_overrides
+from tests.helpers import remove_orphan_shm
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -112,7 +112,6 @@ def ray_head():
 
     ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
     temp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # short: Ray's socket paths have a limit
-    shm_before = set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*"))
     cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1"]
     cmd += [f"{flag}={port}" for flag, port in ports.items()]
     cmd += ["--dashboard-host=127.0.0.1", "--include-dashboard=true", "--num-cpus=8"]
@@ -143,9 +142,7 @@ def ray_head():
         log.close()
         busy = [p for p in ports.values() if port_in_use(p)]
         shutil.rmtree(temp, ignore_errors=True)
-        for path in set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*")) - shm_before:
-            with contextlib.suppress(OSError):
-                os.remove(path)
+        remove_orphan_shm()
         assert not busy, f"ports still bound after the head stopped: {busy}"
 
 
