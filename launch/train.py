@@ -133,15 +133,17 @@ def overrides_of(argv: list[str]) -> list[str]:
     return out
 
 
-def validate(overrides: list[str]) -> None:
+def validate(overrides: list[str], *, data: bool = True) -> list[str]:
     """Compose, check every key, value and cross-field rule, and read the tasks' data files
-    (bad rows named); exit 2 with one line on the first problem. No actor, model or Ray."""
+    (bad rows named); exit 2 with one line on the first problem. No actor, model or Ray.
+    ``data=False`` (``--cfg``: printing the config needs no data) reads no file and returns
+    the data files that are not there."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from launch.config import ConfigError
-    from reward.tasks import make_task
+    from reward.tasks import data_files, make_task
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     with exit_on_config_error():
@@ -151,22 +153,33 @@ def validate(overrides: list[str]) -> None:
         except (HydraException, OmegaConfBaseException) as err:
             cause = f" ({str(err.__cause__).splitlines()[0]})" if err.__cause__ else ""
             raise ConfigError(str(err).splitlines()[0] + cause) from None
-        for task in (cfg.task, *cfg.trainer.eval_tasks.values()):
+        tasks = (cfg.task, *cfg.trainer.eval_tasks.values())
+        if not data:
+            return [f for t in tasks for f in data_files(t) if not Path(f).is_file()]
+        for task in tasks:
             make_task(task)
+    return []
 
 
 def cli() -> None:
     """``python -m launch.train``: ``--validate`` checks the whole config (and the data files)
-    and exits 0 or 2 without starting anything; ``--cfg job|all`` validates before Hydra prints
-    the config; anything else runs :func:`main`."""
+    and exits 0 or 2 without starting anything; ``--cfg job|all`` validates the config (not the
+    data: it says which data files are missing) before Hydra prints it; anything else runs
+    :func:`main`."""
     argv = sys.argv[1:]
     if "--validate" in argv:
         validate(overrides_of(argv))
         print("config ok")
         return
-    if any(a in ("--cfg", "-c") for a in argv):
-        validate(overrides_of(argv))
+    missing = validate(overrides_of(argv), data=False) if {"--cfg", "-c"} & set(argv) else []
     main()
+    if missing:  # after Hydra's printout: the last thing on the console
+        files = list(dict.fromkeys(missing))
+        print(
+            f"note: {len(files)} data file(s) not found (--validate and the run read them): "
+            + ", ".join(files),
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

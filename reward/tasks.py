@@ -360,6 +360,11 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
 }
 
 
+def data_files(cfg: TaskConfig) -> list[str]:
+    """The local files a task reads (none for generated and reasoning-gym tasks)."""
+    return [f for f in (cfg.train_file, cfg.test_file) if f] if cfg.name in FILE_TASKS else []
+
+
 def make_task(cfg: TaskConfig) -> Task:
     problem = cfg.check()
     if problem:

@@ -419,6 +419,26 @@ def test_validate_only_and_cfg_job_check_the_whole_config(args, rc, last_line):
     assert "Traceback" not in out.stderr
 
 
+def test_cfg_job_prints_the_config_without_its_data_and_names_the_missing_files(tmp_path):
+    """On a fresh machine (no data yet) ``--cfg job`` prints the paper experiment's config and
+    exits 0, then says which data files are missing; ``--validate`` still refuses them."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AVSPO_DATA": str(tmp_path)}
+    args = [sys.executable, "-m", "launch.train", "experiment=paper_qwen2.5_math_1.5b"]
+    out = subprocess.run([*args, "--cfg", "job"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Qwen/Qwen2.5-Math-1.5B" in out.stdout and "data error" not in out.stderr
+    note = out.stderr.strip().splitlines()[-1]
+    # the task's train + test files and the 7 eval tasks' test files, math500 in both: 8
+    assert note.startswith("note: 8 data file(s) not found"), note
+    assert f"{tmp_path}/math_train.jsonl" in note and f"{tmp_path}/aime24.jsonl" in note
+    assert note.count("math500.jsonl") == 1
+    out = subprocess.run([*args, "--validate"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith(f"data error: {tmp_path}/math_train")
+
+
 def test_one_step_async_needs_split_devices_and_the_importance_correction():
     cfg = load("trainer.async=one_step", "cluster.colocate=false", "learner.old_logprobs=recompute")
     assert cfg.trainer.async_mode == "one_step" and load().trainer.async_mode == "off"
