@@ -1,6 +1,6 @@
 # Two commands on a fresh machine (only Python 3.10+ and make needed):
 #   make train   # creates .venv, installs the CPU stack, runs `python -m launch.train`
-#   make test    # the test suite, two workers (what .ci/run runs) + ruff
+#   make test    # the test suite (what .ci/run runs) + ruff
 #   make test-fast  # no Ray: unit, property and doc tests
 # Extra Hydra overrides: make train ARGS="algorithm=grpo trainer.total_steps=20"
 
@@ -33,12 +33,8 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 train: setup
 	$(BIN)/python -m launch.train $(ARGS)
 
-# Two pytest workers, one test file at a time each (--dist loadfile: a module's fixtures are
-# built once). Most tests wait on process and Ray start-ups, so two of them share the 2 cores
-# (docs/NOTES.md: two runs at once take ~0.8x the time of one after the other).
-TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 

@@ -75,12 +75,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    """FAST_TINY, built once per test session: under pytest-xdist each worker has its own
-    basetemp inside the session's, and the build goes beside them (bootstrap's file lock makes
-    the second worker wait for the first's build)."""
-    base = tmp_path_factory.getbasetemp()
-    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "model_cache"
-    cache.mkdir(exist_ok=True)
+    cache = tmp_path_factory.mktemp("model_cache")
     return ensure_model(
         ModelConfig(source="tiny", cache_dir=str(cache), tiny=FAST_TINY), log=lambda *_: None
     )
