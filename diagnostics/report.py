@@ -333,6 +333,24 @@ def _prompt_lines(run: Run) -> list[str]:
     return lines
 
 
+def _verifier_lines(run: Run) -> list[str]:
+    """The verifier's health (``verifier_health.json``, reward/health.py), when the run has it."""
+    path = run.path / "verifier_health.json"
+    if isinstance(run, ExternalRun) or not path.is_file():
+        return []
+    h = json.loads(_read(path))
+    errors = ", ".join(f"{c} {n}" for c, n in h["errors"].items()) or "none"
+    lines = ["## Verifier", "", f"Restarts {h['restarts']}; errors by class: {errors}."]
+    if h["alert_steps"]:
+        steps = ", ".join(map(str, h["alert_steps"][:20]))
+        alert = (
+            f"the verifier failed on more than verifier.alert_frac of the samples at steps {steps}"
+        )
+        lines += ["", f"**Alert**: {alert}: those groups look collapsed (all incorrect)."]
+    lines += ["", *(f"- step {t['step']}: `{t['text']}`" for t in h["first_texts"][:5])]
+    return [*lines, ""]
+
+
 def write_report(run_dir: str | Path | Run) -> Path:
     """Write ``report.md`` and its PNG plots into the run's directory (``run.path``; for a verl
     log ``<stem>_report/`` beside it); return the report's path. Takes a path or a loaded run."""
@@ -354,7 +372,7 @@ def write_report(run_dir: str | Path | Run) -> Path:
     for name, title, _ in PLOTS:
         shown = f"![{title}]({name})" if notes[name] is None else f"_Skipped: {notes[name]}._"
         lines += [f"### {title}", "", shown, ""]
-    lines += ["## Prompts", "", *_prompt_lines(run), ""]
+    lines += ["## Prompts", "", *_prompt_lines(run), "", *_verifier_lines(run)]
     path = run.path / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

@@ -45,6 +45,7 @@ from launch.stages import Stages
 from learner import checkpoint
 from learner.advantage_stage import dapo_selection, informative_groups
 from learner.batch import build_batch
+from reward.health import VerifierHealth
 from reward.intrinsic import mix_rewards
 from reward.tasks import Problem, Task, TaskConfig
 from reward.verifiers import Verdict
@@ -151,6 +152,7 @@ class Trainer:
         self.task, self.eval_sets = stages.task, stages.eval_sets
         self.resume_from = stages.resume_from
         self.stage, self.sampler = stages.stage, stages.sampler
+        self.health = VerifierHealth(cfg.verifier.alert_frac)
         self.rollout, self.learner, self.weights = stages.rollout, stages.learner, stages.weights
         self.accuracy_start: float | None = None
         # trainer.async=one_step: the next step's rollouts, generated while this step trains
@@ -286,7 +288,15 @@ class Trainer:
         lag = [step - 1 - s.policy_version for g in r.groups for s in g.samples]
         metrics["rollout/policy_lag"] = sum(lag) / len(lag)
         metrics["rollout/policy_lag_max"] = float(max(lag))
-        return metrics | self.stages.fault_metrics()
+        return metrics | self.verifier_health(step, metrics) | self.stages.fault_metrics()
+
+    def verifier_health(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Restarts and error classes of the verifier since the last step (reward/health.py);
+        new error texts and an alert go to the console."""
+        health, lines = self.health.observe(step, metrics, *self.stages.verifier.drain())
+        for line in lines:
+            self.log(line)
+        return health
 
     # ---- the run ------------------------------------------------------------------------------
 
@@ -398,6 +408,7 @@ class Trainer:
             "prompts": self.stage.monitor.prompt_history,
         }
         (self.run_dir / "prompt_history.json").write_text(json.dumps(history))
+        (self.run_dir / "verifier_health.json").write_text(json.dumps(self.health.summary()))
         if self.cfg.logger.report:
             from diagnostics.report import write_report
 

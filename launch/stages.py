@@ -35,6 +35,8 @@ class Verifier:
         self.cfg, self.placement, self.log = cfg, placement, log
         self.restarts = 0
         self.actor = self._spawn()
+        self.errors: list[str] = []  # error texts and replaced workers since the last drain
+        self.replaced, self._replaced_seen = 0, 0
 
     def _spawn(self):
         return spawn_actor_group(
@@ -54,7 +56,26 @@ class Verifier:
             if not isinstance(verdicts, ActorDied):
                 break
             self.restart(str(verdicts))
+        self._collect_health()
         return score_truncated(groups, verdicts, truncated, lowest)
+
+    def _collect_health(self) -> None:
+        import ray
+
+        try:
+            replaced, errors = ray.get(self.actor.health.remote(), timeout=60)
+        except Exception:  # the actor died after answering: its restart counts instead
+            return
+        self.replaced += replaced - self._replaced_seen
+        self._replaced_seen = replaced
+        self.errors += errors
+
+    def drain(self) -> tuple[list[str], int]:
+        """Error texts and restarts (worker processes and actors replaced) since the last
+        drain, for reward/health.py."""
+        out = (self.errors, self.replaced)
+        self.errors, self.replaced = [], 0
+        return out
 
     def restart(self, why: str) -> None:
         import ray
@@ -62,6 +83,7 @@ class Verifier:
         if self.restarts >= self.cfg.verifier.max_restarts:
             raise ActorGroupError(f"{why}; verifier.max_restarts reached")
         self.restarts += 1
+        self.replaced, self._replaced_seen = self.replaced + 1, 0  # a new pool counts from 0
         self.log(f"the verifier actor died ({why}): restarting it")
         with contextlib.suppress(Exception):
             ray.kill(self.actor)

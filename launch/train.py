@@ -108,6 +108,7 @@ def main(raw: DictConfig) -> None:
         f"held-out accuracy: {start:.3f} at step 0 -> "
         f"{final['eval/accuracy']:.3f} at step {cfg.trainer.total_steps}; "
         f"metrics in {run_dir / 'metrics.jsonl'}"
+        + (f"; report in {run_dir / 'report.md'}" if cfg.logger.report else "")
     )
 
 

@@ -28,3 +28,7 @@ class VerifierActor:
 
     def replaced(self) -> int:
         return self.pool.replaced
+
+    def health(self) -> tuple[int, list[str]]:
+        """Worker processes replaced so far, and the error texts of the last call."""
+        return self.pool.replaced, list(self.pool.last_errors)

@@ -60,6 +60,9 @@ class PoolConfig:
     the run stops with an error (above ``step_budget_s``: the budget ends a call first)."""
     max_restarts: int = field(default=3, metadata={"ge": 0})
     """How many times a run restarts a verifier actor that died (the batch is verified again)."""
+    alert_frac: float = field(default=0.2, metadata={"ge": 0.0, "le": 1.0})
+    """An alert line (console, report) when the verifier fails on more than this share of a
+    step's samples (errors + timeouts): they score the lowest reward, like a collapsed group."""
 
 
 @dataclass
