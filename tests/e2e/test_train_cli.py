@@ -292,13 +292,16 @@ def test_killed_actors_are_restarted_and_sigterm_checkpoints_then_resume_is_bit_
     assert "stopped by SIGTERM after step 3" in stderr and "trainer.resume=auto" in stderr
     assert "restarting" in stderr + stdout
     assert rows(run)[3]["fault/actor_restarts"] == 2.0
+    # the verifier actor killed after step 2's row: counted in the step that restarted it
+    assert [rows(run)[s]["reward/verifier_restarts"] for s in (1, 2, 3)] == [0.0, 0.0, 1.0]
     assert processes_left(proc.pid) == []
 
     stdout = run_train(run, *overrides, "trainer.resume=auto")
     assert "at step 3" in stdout
     a, b = rows(whole_run), rows(run)
     assert sorted(b) == sorted(a) == [0, 1, 2, 3, 4]
-    no_faults = lambda r: {k: v for k, v in deterministic(r).items() if not k.startswith("fault/")}  # noqa: E731
+    faults = ("fault/", "reward/verifier_restarts")  # the killed verifier actor is counted there
+    no_faults = lambda r: {k: v for k, v in deterministic(r).items() if not k.startswith(faults)}  # noqa: E731
     for step in a:
         assert deterministic(b[step]).keys() == deterministic(a[step]).keys(), step
         assert no_faults(b[step]) == no_faults(a[step]), step
