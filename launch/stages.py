@@ -52,23 +52,15 @@ class Verifier:
         while True:  # a verifier actor that died is restarted and the batch verified again
             call = self.actor.verify.remote(responses, refs, task.verifier, lowest=lowest)
             timeout_s = self.cfg.verifier.call_timeout_s
-            verdicts = settle({0: call}, timeout_s=timeout_s, what="verification")[0]
-            if not isinstance(verdicts, ActorDied):
+            answer = settle({0: call}, timeout_s=timeout_s, what="verification")[0]
+            if not isinstance(answer, ActorDied):
                 break
-            self.restart(str(verdicts))
-        self._collect_health()
-        return score_truncated(groups, verdicts, truncated, lowest)
-
-    def _collect_health(self) -> None:
-        import ray
-
-        try:
-            replaced, errors = ray.get(self.actor.health.remote(), timeout=60)
-        except Exception:  # the actor died after answering: its restart counts instead
-            return
-        self.replaced += replaced - self._replaced_seen
+            self.restart(str(answer))
+        verdicts, replaced, errors = answer
+        self.replaced += replaced - self._replaced_seen  # the pool's count is cumulative
         self._replaced_seen = replaced
         self.errors += errors
+        return score_truncated(groups, verdicts, truncated, lowest)
 
     def drain(self) -> tuple[list[str], int]:
         """Error texts and restarts (worker processes and actors replaced) since the last

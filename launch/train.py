@@ -138,7 +138,7 @@ def validate(overrides: list[str], *, data: bool = True) -> list[str]:
     """Compose, check every key, value and cross-field rule, and read the tasks' data files
     (bad rows named); exit 2 with one line on the first problem. No actor, model or Ray.
     ``data=False`` (``--cfg``: printing the config needs no data) reads no file and returns
-    the data files that are not there."""
+    the data files that are not there, each once."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -156,7 +156,8 @@ def validate(overrides: list[str], *, data: bool = True) -> list[str]:
             raise ConfigError(str(err).splitlines()[0] + cause) from None
         tasks = (cfg.task, *cfg.trainer.eval_tasks.values())
         if not data:
-            return [f for t in tasks for f in data_files(t) if not Path(f).is_file()]
+            missing = [f for t in tasks for f in data_files(t) if not Path(f).is_file()]
+            return list(dict.fromkeys(missing))  # a file two tasks read, once
         for task in tasks:
             make_task(task)
     return []
@@ -175,10 +176,9 @@ def cli() -> None:
     missing = validate(overrides_of(argv), data=False) if {"--cfg", "-c"} & set(argv) else []
     main()
     if missing:  # after Hydra's printout: the last thing on the console
-        files = list(dict.fromkeys(missing))
         print(
-            f"note: {len(files)} data file(s) not found (--validate and the run read them): "
-            + ", ".join(files),
+            f"note: {len(missing)} data file(s) not found (--validate and the run read them): "
+            + ", ".join(missing),
             file=sys.stderr,
         )
 

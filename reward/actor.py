@@ -19,16 +19,11 @@ class VerifierActor:
         timeout_s: float | None = None,
         *,
         lowest: float = 0.0,
-    ) -> list[Verdict]:
-        """Verdicts in order; a timeout, crash or error scores ``lowest`` (the task's lowest
-        reward)."""
-        return self.pool.verify(
+    ) -> tuple[list[Verdict], int, list[str]]:
+        """Verdicts in order (a timeout, crash or error scores ``lowest``, the task's lowest
+        reward), with the pool's health in the same answer: the worker processes it replaced
+        so far and this call's error texts (reward/health.py)."""
+        verdicts = self.pool.verify(
             responses, references, verifier=verifier, timeout_s=timeout_s, lowest=lowest
         )
-
-    def replaced(self) -> int:
-        return self.pool.replaced
-
-    def health(self) -> tuple[int, list[str]]:
-        """Worker processes replaced so far, and the error texts of the last call."""
-        return self.pool.replaced, list(self.pool.last_errors)
+        return verdicts, self.pool.replaced, list(self.pool.last_errors)

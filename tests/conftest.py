@@ -93,4 +93,4 @@ def ray_cluster():
     )
     yield
     ray.shutdown()
-    remove_orphan_shm()  # not a buffer of a run on the other pytest worker
+    remove_orphan_shm()  # not the buffers of a run still going

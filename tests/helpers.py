@@ -31,8 +31,8 @@ SHM_BUFFERS = "/dev/shm/deepspeed_allreduce_buffer_*"
 
 def remove_orphan_shm() -> list[str]:
     """Remove DeepSpeed's CPU all-reduce buffers (/dev/shm) that no live process maps: what the
-    ranks of a finished test left. A run still going (the other pytest worker's) maps its own
-    for as long as its ranks live, so they stay. Returns the removed paths."""
+    ranks of a finished test left. A run still going maps its own for as long as its ranks
+    live, so they stay. Returns the removed paths."""
     import contextlib
     import glob
 
@@ -42,7 +42,7 @@ def remove_orphan_shm() -> list[str]:
             mapped |= {
                 line.split(maxsplit=5)[-1]
                 for line in Path(maps).read_text().splitlines()
-                if "/dev/shm/deepspeed_allreduce_buffer_" in line
+                if SHM_BUFFERS.rstrip("*") in line
             }
     removed = []
     for path in glob.glob(SHM_BUFFERS):

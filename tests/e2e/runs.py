@@ -169,8 +169,8 @@ def socket_sessions() -> dict[str, int]:
 def watch_listening(proc: subprocess.Popen, before: set, deadline: float):
     """The listening sockets that appeared (beyond ``before``) while ``proc`` ran and that a
     process of its session (``start_new_session``: the driver, Ray, the actors) held, and its
-    stdout and stderr (read meanwhile: a full pipe would stall the run). A test running beside
-    it (the other pytest worker) opens sockets of its own: not counted."""
+    stdout and stderr (read meanwhile: a full pipe would stall the run). Sockets of any other
+    process on the machine are not counted."""
     import threading
 
     out: dict[str, str] = {}

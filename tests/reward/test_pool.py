@@ -89,8 +89,11 @@ def test_lowest_passes_through_the_entry_points(pool, monkeypatch):
     assert verify([""], [""], verifier="_test_raise", lowest=-1.0) == [Verdict(-1.0, "error")]
     actor = VerifierActor.__new__(VerifierActor)  # the fixture's pool, not two more workers
     actor.pool = pool
-    got = actor.verify(["30"], [""], "_test_sleep", 0.3, lowest=-2.0)
+    replaced = pool.replaced
+    got, replaced_after, errors = actor.verify(["30"], [""], "_test_sleep", 0.3, lowest=-2.0)
     assert got == [Verdict(-2.0, "timeout")]
+    # with the pool's health: the timed-out worker was replaced; a timeout is no error text
+    assert replaced_after == replaced + 1 and errors == []
     with pytest.raises(ValueError, match="lowest"):
         pool.verify([""], [""], verifier="_test_raise", lowest=float("nan"))
 
