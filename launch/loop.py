@@ -155,6 +155,7 @@ class Trainer:
         self.health = VerifierHealth(cfg.verifier.alert_frac)
         self.rollout, self.learner, self.weights = stages.rollout, stages.learner, stages.weights
         self.accuracy_start: float | None = None
+        self.resumed_row: dict = {}  # restore(): the logged row of the checkpoint's step
         # trainer.async=one_step: the next step's rollouts, generated while this step trains
         self.one_step = cfg.trainer.async_mode == "one_step"
         self.pending: Rollouts | None = None
@@ -309,7 +310,8 @@ class Trainer:
         t = self.cfg.trainer
         start = self.restore()
         sink = self.open_sinks(start)
-        metrics: dict[str, float] = {}
+        # a finished run resumed (no step left): its final metrics are its last logged row
+        metrics: dict[str, float] = {k: v for k, v in self.resumed_row.items() if k != "step"}
         try:
             if start == 0:
                 metrics = self.evaluate(0)
@@ -398,7 +400,7 @@ class Trainer:
         if pending is not None and self.one_step:
             self.pending = Rollouts.from_state(pending, {p.uid: p for p in self.task.train})
         self.weights.sync(step)
-        truncate_metrics(self.run_dir / "metrics.jsonl", step)
+        self.resumed_row = truncate_metrics(self.run_dir / "metrics.jsonl", step)
         self.log(f"resumed from {self.resume_from} at step {step}")
         return step
 

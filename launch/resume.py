@@ -170,19 +170,24 @@ def resume_problem(
     return None
 
 
-def truncate_metrics(path: Path, step: int) -> None:
+def truncate_metrics(path: Path, step: int) -> dict:
     """Keep the rows of steps <= ``step`` (those the checkpoint covers); rows of later steps
     (written before the run stopped, about to be recomputed) move to ``metrics.pre_resume.jsonl``
-    so nothing is lost and ``metrics.jsonl`` has each step once."""
+    so nothing is lost and ``metrics.jsonl`` has each step once. Returns the kept row of
+    ``step`` (empty if none): a finished run's final metrics when no step is left to run."""
     if not path.exists():
-        return
-    keep, moved = [], []
+        return {}
+    keep, moved, last = [], [], {}
     for line in path.read_text().splitlines():
         if line.strip():
-            (keep if json.loads(line)["step"] <= step else moved).append(line + "\n")
+            row = json.loads(line)
+            (keep if row["step"] <= step else moved).append(line + "\n")
+            if row["step"] == step:
+                last = row
     if moved:
         with path.with_name("metrics.pre_resume.jsonl").open("a") as f:
             f.writelines(moved)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(keep))
     tmp.replace(path)
+    return last

@@ -408,3 +408,27 @@ def test_an_empty_train_split_builds_but_cannot_draw():
     for sampler in (PromptSampler([], 0), _aware([])):
         with pytest.raises((ValueError, IndexError)):
             sampler.next(1)
+
+
+def test_resuming_a_finished_run_returns_its_last_logged_row(tmp_path):
+    """A run stopped after its last checkpoint but before its caller recorded it (e.g. the
+    reproduce grid killed) resumes at step == total_steps: no step runs, and the run's final
+    metrics are the logged row of the last step (eval/accuracy included), not an empty dict."""
+    problems = _problems(6)
+    cfg = _load("trainer.total_steps=2", "logger.report=false", "logger.console=false")
+    first = _trainer(cfg, problems, {i: MIXED for i in range(6)})
+    state = {
+        "step": 2,
+        "advantage_stage": first.stage.state_dict(),
+        "extra": {"sampler": first.sampler.state_dict(), "accuracy_start": 0.25},
+    }
+    rows = [{"step": 0, "eval/accuracy": 0.25}, {"step": 1}, {"step": 2, "eval/accuracy": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = _trainer(
+        cfg, problems, {i: MIXED for i in range(6)}, learner=FakeCheckpointLearner(state),
+        run_dir=tmp_path, log=lambda m: None, resume_from=tmp_path / "checkpoints" / "step_000002",
+    )  # fmt: skip
+    final = t.run()
+    assert final["eval/accuracy_start"] == 0.25 and final["eval/accuracy"] == 0.5
+    assert t.rollout.calls == []  # nothing generated
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3  # no row added
