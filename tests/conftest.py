@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.bootstrap import ModelConfig, ensure_model
+from launch.bootstrap import ModelConfig, cache_root, ensure_model
 from launch.tiny_model import TinyConfig
 from tests.helpers import remove_orphan_shm
 
@@ -56,12 +56,14 @@ def pytest_report_header(config) -> str:
 
 
 RAY_DIRS = ("tests/e2e/", "tests/integration/")
+EARLY_BUILD: dict = {}  # the default model's build started at collection (pytest_collection_finish)
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need CUDA: skipped (with the reason) where there is none. Tests that
     start Ray (the ``ray_cluster`` fixture, end-to-end and integration tests) get the ``ray``
-    marker: ``make test-fast`` deselects them."""
+    marker: ``make test-fast`` deselects them. Tests marked ``default_model`` run last, so that
+    the default model's early build (:func:`pytest_collection_finish`) has the session to end."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
@@ -71,6 +73,58 @@ def pytest_collection_modifyitems(config, items):
         where = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
         if "ray_cluster" in getattr(item, "fixturenames", ()) or where.startswith(RAY_DIRS):
             item.add_marker(pytest.mark.ray)
+    items.sort(key=lambda item: item.get_closest_marker("default_model") is not None)  # stable
+
+
+def pytest_collection_finish(session):
+    """When a collected test runs the default model (``default_model`` marker), start its
+    pinned build now, in the background at the lowest CPU priority (nice 19): it takes ~5 min
+    on 2 cores, and the session leaves ~20% of the CPU idle (one-process tests, waits on
+    actors), which it soaks up without slowing the tests much. The build is the product's
+    (``ensure_model``: the cache's file lock, the pinned child process); the test that needs
+    the model waits on that lock if the build is still going, and finds the cached model
+    otherwise. Nothing starts when the model is cached (the build returns at once)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    if not any(item.get_closest_marker("default_model") for item in session.items):
+        return
+    log = Path(tempfile.gettempdir()) / f"avspo-early-build-{os.getpid()}.log"
+    code = "from launch.bootstrap import ModelConfig, ensure_model; ensure_model(ModelConfig())"
+    with open(log, "w") as out:
+        EARLY_BUILD["proc"] = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: os.nice(19),
+            start_new_session=True,
+        )
+    EARLY_BUILD["log"] = log
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Processes the session started that are still going when it ends (Ctrl-C, ``-x``): the
+    runs of ``tests/e2e/runs.py start_train`` and an early build are killed with their process
+    groups, and the build's half-written folder removed (the cache keeps complete builds only)."""
+    import shutil
+    import signal
+
+    from tests.e2e.runs import STARTED
+
+    for proc in STARTED:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    proc = EARLY_BUILD.pop("proc", None)
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        root = cache_root(ModelConfig())
+        for tmp in root.glob(".*.tmp-*"):
+            if not Path(f"/proc/{tmp.name.rsplit('-', 1)[-1]}").exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

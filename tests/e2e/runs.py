@@ -74,9 +74,13 @@ def deterministic(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/"))}
 
 
+STARTED: list[subprocess.Popen] = []  # start_train's runs: stopped at session end if still going
+
+
 def start_train(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """A training run in its own session (its processes are findable and killable)."""
-    return subprocess.Popen(
+    """A training run in its own session (its processes are findable and killable; one still
+    going when the pytest session ends, e.g. on Ctrl-C, is killed: tests/conftest.py)."""
+    proc = subprocess.Popen(
         train_cmd(run_dir, *overrides),
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -85,6 +89,8 @@ def start_train(run_dir: Path, *overrides: str) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
+    STARTED.append(proc)
+    return proc
 
 
 def wait_for_row(proc: subprocess.Popen, run_dir: Path, step: int, deadline: float) -> None:

@@ -15,6 +15,7 @@ from tests.metric_names import STEP_KEYS
 
 
 @pytest.mark.slow
+@pytest.mark.default_model
 def test_default_run_learns_logs_checkpoints_and_listens_on_loopback_only(tmp_path):
     """20 steps instead of 40, with evaluations and checkpoints every 10 steps and the weights
     synced over the collective (gloo) group (the object store is the default: both deliver the

