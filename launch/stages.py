@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from comm.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
-from launch.bootstrap import ensure_model
+from comm.hub import ModelRef
+from launch.bootstrap import resolve_model
 from launch.cluster import actor_resources, init_ray, plan_threads, reserve
 from launch.config import ConfigError, TrainConfig, learner_seed
 from launch.prompts import render
@@ -134,9 +135,10 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
         for name in checkpoint.clean_stale(ckpt_root):
             log(f"removed {ckpt_root / name}: a partial checkpoint of an interrupted write")
     resume_from = resolve_resume(cfg, ckpt_root)
-    model_path = ensure_model(cfg.model, log)
+    model = resolve_model(cfg.model, log)  # a hub id: its commit, loaded by every actor
+    model_path = model.folder
     if resume_from is not None and not train:  # evaluate a checkpoint's weights
-        model_path = str(resume_from / "model")
+        model = model_path = str(resume_from / "model")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     task, eval_sets = tasks_of(cfg, tokenizer, train, log)
     problem = context_problem(cfg, task, eval_sets, tokenizer, train)
@@ -157,7 +159,7 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
     placement = reserve(
         cfg, ("rollout", "verifier", "learner") if train else ("rollout", "verifier")
     )
-    rollout, learner, weights = start_generation_and_learner(cfg, model_path, placement, train, log)
+    rollout, learner, weights = start_generation_and_learner(cfg, model, placement, train, log)
     verifier = Verifier(cfg, placement["verifier"], log)
     return Stages(
         task, eval_sets, model_path, resume_from, stage, make_sampler(task.train, cfg.trainer),
@@ -183,7 +185,7 @@ def tasks_of(cfg: TrainConfig, tokenizer, train: bool, log=print) -> tuple[Task,
     return task, eval_sets
 
 
-def start_generation_and_learner(cfg: TrainConfig, model_path: str, placement, train: bool, log):
+def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placement, train, log):
     """The rollout group, and with ``train`` the learner group and the weight sync, started in
     the order :func:`start_beside_engines` gives."""
     from learner.group import LearnerGroup
@@ -197,7 +199,7 @@ def start_generation_and_learner(cfg: TrainConfig, model_path: str, placement, t
         )
     rollout = RolloutGroup(
         cfg.rollout,
-        model_path,
+        model,
         cfg.model.dtype,
         placement=placement["rollout"],
         wait=False,  # vLLM starts (~30 s on CPU) while the learner ranks do
@@ -216,7 +218,7 @@ def start_generation_and_learner(cfg: TrainConfig, model_path: str, placement, t
         lambda: LearnerGroup(
             dataclasses.replace(cfg.learner, seed=learner_seed(cfg)),
             dataclasses.replace(loss, norm_len=loss.norm_len or sampling.max_new_tokens),
-            model_path,
+            model,
             dtype=cfg.model.dtype,
             temperature=sampling.temperature,
             placement=placement["learner"],

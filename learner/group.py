@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from comm.actors import get, spawn_actor_group
+from comm.hub import ModelRef
 from learner import checkpoint
 from learner.batch import TrainBatch, plan_microbatches, shard_by_tokens
 from learner.config import LearnerConfig
@@ -28,7 +29,7 @@ class LearnerGroup:
         self,
         cfg: LearnerConfig,
         loss: LossConfig,
-        model_path: str,
+        model_path: str | ModelRef,
         *,
         dtype: str = "float32",
         temperature: float = 1.0,

@@ -28,6 +28,7 @@ import time
 import torch
 
 from comm.devices import dist_backend, reserved_device
+from comm.hub import ModelRef, node_folder
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import LearnerConfig
 from learner.logprobs import logits_problem, model_intrinsic, model_logprobs, prefix_problem
@@ -49,7 +50,7 @@ class LearnerRank:
         world_size: int,
         cfg: LearnerConfig,
         loss: LossConfig,
-        model_path: str,
+        model_path: str | ModelRef,
         dtype: str = "float32",
         temperature: float = 1.0,
         threads: int | None = None,
@@ -57,7 +58,7 @@ class LearnerRank:
         """``threads``: torch threads (default ``num_cpus_per_rank``; colocated: the node's
         cores divided by the ranks on it, launch/cluster.py ``plan_threads``)."""
         self.rank, self.world_size, self.cfg, self.loss_cfg = rank, world_size, cfg, loss
-        self.model_path, self.temperature = model_path, temperature
+        self.model_path, self.temperature = node_folder(model_path), temperature
         self.dtype = learner_dtype(cfg, dtype)  # learner.dtype, else the model's
         self.logits = cfg.logits  # "full" after init if the model needs it
         self.device = reserved_device(cfg.num_gpus_per_rank)  # what this actor reserved

@@ -13,6 +13,7 @@ import logging
 import torch
 
 from comm.actors import ActorDied, ActorGroupError, get, settle, spawn_actor_group
+from comm.hub import ModelRef, node_folder
 from rollout.config import RolloutConfig
 from rollout.seeding import derive_seed
 from rollout.types import Group, SamplingConfig
@@ -59,7 +60,7 @@ class RolloutWorker:
     def __init__(
         self,
         cfg: RolloutConfig,
-        model_path: str,
+        model_path: str | ModelRef,
         dtype: str,
         threads: int | None = None,
         cpus: list[int] | None = None,
@@ -68,7 +69,9 @@ class RolloutWorker:
         """``threads``: torch threads (default ``num_cpus_per_worker``); ``cpus``: the core ids
         a vLLM engine on CPU binds its OpenMP threads to (default: vLLM's own choice, which on a
         small machine keeps one core for its scheduler); ``sleep_mode``: the engine releases
-        its GPU memory between generations (colocated with a learner rank on GPUs)."""
+        its GPU memory between generations (colocated with a learner rank on GPUs).
+        ``model_path``: a folder, or the driver's :class:`~comm.hub.ModelRef` (the same hub
+        commit on every node)."""
         import os
 
         from comm.devices import reserved_device
@@ -81,7 +84,7 @@ class RolloutWorker:
             # vLLM's engine core in this process, not a second one competing for the cores:
             # requests, outputs and weight loads are calls instead of messages between processes
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        self.engine = make_engine(cfg, model_path, dtype, sleep_mode, device)
+        self.engine = make_engine(cfg, node_folder(model_path), dtype, sleep_mode, device)
         self.threads = torch.get_num_threads()
 
     def ready(self) -> str:
@@ -138,7 +141,7 @@ class RolloutGroup:
     def __init__(
         self,
         cfg: RolloutConfig,
-        model_path: str,
+        model_path: str | ModelRef,
         dtype: str = "float32",
         placement=None,
         wait: bool = True,

@@ -11,6 +11,7 @@ import pytest
 from learner import checkpoint
 from tests.conftest import fast_tiny_overrides
 from tests.e2e.runs import rows, run_train
+from tests.hub_server import FakeHub
 
 SHORT = [
     "rollout=hf",
@@ -56,12 +57,33 @@ def test_dcpo_three_steps_keeps_per_prompt_history_in_the_checkpoint(tmp_path, t
 
 
 @pytest.mark.slow
-def test_release_rule_fires_on_collapsed_groups(tmp_path, tiny_model_dir):
+def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
+    tmp_path, tiny_model_dir
+):
     """algorithm=avspo_release at 8 prompts per step: the rule is applied per group, so the
     collapsed groups of a mixed step get their opposite-label sample (before issue 24 it tested
-    the whole step and never fired: acr/effective == acr/raw in every row)."""
-    run_dir = tmp_path / "release"
-    run_train(run_dir, *fast_tiny_overrides(tiny_model_dir), *SHORT, "algorithm=avspo_release")
+    the whole step and never fired: acr/effective == acr/raw in every row).
+
+    The model is a hub id (``model.path=avspo-test/tiny-fast``) served by a local fake of the
+    hub (tests/hub_server.py; it stands in for the network only): the driver resolves ``main``
+    to its commit, downloads it into ``$HF_HOME`` and writes the commit into config.yaml; the
+    actors load that snapshot."""
+    with FakeHub() as hub:
+        sha = hub.add_repo("avspo-test/tiny-fast", tiny_model_dir)
+        env = {
+            "HF_ENDPOINT": hub.url,
+            "HF_HOME": str(tmp_path / "hf_home"),
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+        }
+        run_dir = tmp_path / "release"
+        stdout = run_train(
+            run_dir, *fast_tiny_overrides(tiny_model_dir), *SHORT, "algorithm=avspo_release",
+            "model.source=path", "model.path=avspo-test/tiny-fast", env=env,
+        )  # fmt: skip
+    assert f"model avspo-test/tiny-fast at main: commit {sha}" in stdout
+    assert f"revision: {sha}" in (run_dir / "config.yaml").read_text()
+    assert any("/resolve/" in path for _, path in hub.requests)  # downloaded, not found locally
     got = rows(run_dir)
     fired = [s for s in (1, 2, 3) if got[s]["avspo/groups_augmented"] > 0]
     assert fired, got
