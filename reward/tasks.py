@@ -1,13 +1,13 @@
 """Tasks: prompts with reference answers, the verifier that scores them, and the reward range.
 
 ``make_task(cfg)`` builds one by name: ``arithmetic`` (generated, the embedded default),
-``gsm8k`` / ``math`` (local jsonl or parquet files; nothing is downloaded), the test-only
-evaluation sets ``math500`` / ``minerva_math`` / ``olympiadbench`` / ``amc23`` / ``aime24`` /
-``mmlu_pro`` (local files in their published layouts, see ``conf/task/<name>.yaml``; only
-``task.test_file`` is needed) and ``reasoning_gym`` (procedural tasks with their own scorers). A
-bad data row is an error naming the file, row and reason, or is skipped and counted
-(``on_bad_row: skip``). A file task's train split is read from ``task.train_file`` when it is
-set, and is empty otherwise (a training run on an empty train split stops with an error).
+``gsm8k`` / ``math`` and the test-only evaluation sets ``math500`` / ``minerva_math`` /
+``olympiadbench`` / ``amc23`` / ``aime24`` / ``mmlu_pro`` (a hub dataset, ``task.dataset``, or
+local files, ``task.test_file`` / ``task.train_file``, in their published layouts, see
+``conf/task/<name>.yaml``; read with the ``datasets`` library, reward/data.py) and
+``reasoning_gym`` (procedural tasks with their own scorers). A bad data row is an error naming
+the file (or dataset split), row and reason, or is skipped and counted (``on_bad_row: skip``). A
+training run on an empty train split stops with an error.
 
 >>> task = make_task(TaskConfig(difficulty=1, num_train=5, num_test=3))  # default level: 3
 >>> task.name, task.verifier, task.reward_range, len(task.train), len(task.test)
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from reward.arithmetic import LEVELS, sample_problems
+from reward.data import DataError, file_rows, hub_rows
 from reward.extract import ANSWER_EXTRACTIONS, CHOICE_LETTERS, extract_boxed
 from reward.verifiers import VERIFIERS, verifier_name
 
@@ -53,10 +54,6 @@ class Task:
     train: list[Problem]
     test: list[Problem]
     skipped_rows: int = 0  # bad rows skipped under on_bad_row=skip
-
-
-class DataError(ValueError):
-    """A data row is unusable; the message names the file, row and reason."""
 
 
 @dataclass
@@ -94,8 +91,20 @@ class TaskConfig:
     num_test: int = field(default=256, metadata={"ge": 1})
     difficulty: int = field(default=3, metadata={"ge": 0, "le": LEVELS - 1})
     """Arithmetic level L0..L6."""
+    dataset: str | None = None
+    """A hub dataset id (or a local folder in a hub layout), read with the ``datasets`` library
+    (reward/data.py): the splits ``train_split`` / ``test_split`` of ``dataset_config``. Local
+    files (``test_file``, and ``train_file`` to train on) replace it when ``test_file`` is set."""
+    dataset_config: str | None = None
+    """The hub dataset's configuration (subset), e.g. ``main`` for openai/gsm8k."""
+    train_split: str | None = "train"
+    """``dataset``'s split to train on (null: none; test-only tasks have none)."""
+    test_split: str = "test"
+    """``dataset``'s split to evaluate on."""
     train_file: str | None = None
+    """A local file or glob (jsonl, json, parquet or arrow) to train on."""
     test_file: str | None = None
+    """A local file or glob to evaluate on."""
     question_key: str = "question"
     """The question column (e.g. ``problem`` for MATH files; ``Problem`` in some AIME mirrors)."""
     answer_key: str = "answer"
@@ -116,12 +125,12 @@ class TaskConfig:
     def check(self) -> str | None:
         if not self.reward_lo < self.reward_hi:
             return f"reward_lo={self.reward_lo} must be < reward_hi={self.reward_hi}"
-        if self.name in TEST_ONLY_TASKS and not self.test_file:
-            return f"task {self.name!r} reads a local file: set task.test_file"
-        if self.name in FILE_TASKS and not self.test_file:
+        if self.train_file and not self.test_file:
+            return "train_file needs test_file (local files replace task.dataset, both splits)"
+        if self.name in FILE_TASKS and not (self.test_file or self.dataset):
             return (
-                f"task {self.name!r} reads local files: set task.test_file (and task.train_file "
-                "to train on it)"
+                f"task {self.name!r} reads a dataset: set task.dataset (a hub id) or "
+                "task.test_file (and task.train_file to train on it)"
             )
         if "{question}" not in self.prompt_template:
             return "prompt_template must contain {question}"
@@ -156,36 +165,6 @@ def _arithmetic(cfg: TaskConfig) -> Task:
         problems("train", cfg.num_train),
         problems("test", cfg.num_test),
     )
-
-
-def _rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """(1-based row number, row) of a jsonl or parquet file; a jsonl line that is not JSON
-    yields a DataError in place of its row."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except Exception as err:  # pyarrow's ArrowInvalid and friends
-            raise DataError(f"{path}: not a readable parquet file ({err})") from None
-        yield from enumerate(rows, start=1)
-        return
-    with path.open(encoding="utf-8") as f:
-        try:
-            for i, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                if i == 1 and line.lstrip().startswith("["):
-                    raise DataError(
-                        f"{path}: row 1: a JSON array, not JSON lines (one object per line; "
-                        "convert with: jq -c '.[]')"
-                    )
-                try:
-                    yield i, json.loads(line)
-                except json.JSONDecodeError as err:
-                    yield i, DataError(f"{path}: row {i}: not valid JSON ({err.msg})")
-        except UnicodeDecodeError as err:
-            raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
 def _text_of(raw: Any) -> str:
@@ -237,13 +216,14 @@ def _options_of(raw: Any, key: str) -> list[str]:
     return options  # type: ignore[return-value]
 
 
-def load_problems(path: str | Path, cfg: TaskConfig, limit: int) -> tuple[list[Problem], int]:
-    """Problems from a local file, and the number of bad rows skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
+def load_problems(
+    source: str, rows: Iterator[tuple[int, Any]], cfg: TaskConfig, limit: int
+) -> tuple[list[Problem], int]:
+    """Problems from ``rows`` (reward/data.py) of ``source`` (a file, or a hub dataset's split:
+    what error messages and problem uids name), and the number of bad rows skipped."""
+    path, name = source, Path(source).name  # a glob or a hub split: the name as given
     problems, skipped, seen = [], 0, 0
-    for i, row in _rows(path):
+    for i, row in rows:
         seen += 1
         if len(problems) >= limit:
             break
@@ -280,7 +260,7 @@ def load_problems(path: str | Path, cfg: TaskConfig, limit: int) -> tuple[list[P
             continue
         problems.append(
             Problem(
-                uid=f"{path.name}:{i}",
+                uid=f"{name}:{i}",
                 question=question,
                 prompt=_prompt(cfg, question),
                 answer=answer,
@@ -293,11 +273,23 @@ def load_problems(path: str | Path, cfg: TaskConfig, limit: int) -> tuple[list[P
     return problems, skipped
 
 
+def _split(cfg: TaskConfig, file: str | None, split: str | None, limit: int):
+    """One split's problems: local files (``task.test_file`` set: the files replace the
+    dataset), else the dataset's split, else none."""
+    if cfg.test_file:
+        return load_problems(file, file_rows(file), cfg, limit) if file else ([], 0)
+    if cfg.dataset and split:
+        source = f"{cfg.dataset}:{split}" if not cfg.dataset_config else (
+            f"{cfg.dataset}:{cfg.dataset_config}:{split}"
+        )  # fmt: skip
+        return load_problems(source, hub_rows(cfg.dataset, cfg.dataset_config, split), cfg, limit)
+    return [], 0
+
+
 def _from_files(cfg: TaskConfig) -> Task:
-    train, skipped_train = ([], 0)
-    if cfg.train_file:
-        train, skipped_train = load_problems(cfg.train_file, cfg, cfg.num_train)
-    test, skipped_test = load_problems(cfg.test_file, cfg, cfg.num_test)
+    train_split = None if cfg.name in TEST_ONLY_TASKS else cfg.train_split
+    train, skipped_train = _split(cfg, cfg.train_file, train_split, cfg.num_train)
+    test, skipped_test = _split(cfg, cfg.test_file, cfg.test_split, cfg.num_test)
     return Task(
         cfg.name,
         verifier_name(cfg.verifier, cfg.answer_extraction),
@@ -361,7 +353,7 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
 
 
 def data_files(cfg: TaskConfig) -> list[str]:
-    """The local files a task reads (none for generated and reasoning-gym tasks)."""
+    """The local files a task reads (none for generated, hub and reasoning-gym tasks)."""
     return [f for f in (cfg.train_file, cfg.test_file) if f] if cfg.name in FILE_TASKS else []
 
 

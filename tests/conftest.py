@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,11 @@ from launch.tiny_model import TinyConfig
 from tests.helpers import remove_orphan_shm
 
 ROOT = Path(__file__).resolve().parents[1]
+# the datasets library's cache (local task files are converted into it): the session's own,
+# not the home folder's (set before anything imports datasets; runs started by tests inherit it)
+DATASETS_CACHE = os.environ.setdefault(
+    "HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="avspo-test-datasets-")
+)
 
 # Rollout/learner tests need a model that emits EOS and mixes right and wrong answers, not a
 # good one: 0.86M parameters, 150 warm-start steps (~10 s).
@@ -87,7 +93,6 @@ def pytest_collection_finish(session):
     otherwise. Nothing starts when the model is cached (the build returns at once)."""
     import subprocess
     import sys
-    import tempfile
 
     if not any(item.get_closest_marker("default_model") for item in session.items):
         return
@@ -123,6 +128,8 @@ def pytest_sessionfinish(session, exitstatus):
 
     from tests.e2e.runs import STARTED
 
+    if DATASETS_CACHE.startswith(tempfile.gettempdir()):
+        shutil.rmtree(DATASETS_CACHE, ignore_errors=True)
     for proc in STARTED:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -206,13 +206,13 @@ def test_smollm2_cpu_experiment_one_step(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["missing", "array", "empty", "bad_row"])
+@pytest.mark.parametrize("case", ["missing", "not_object", "empty", "bad_row"])
 def test_bad_data_exits_2_naming_file_and_row_before_any_actor(tmp_path, tiny_model_dir, case):
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"question": "1+1=", "answer": "#### 2"}) + "\n")
     bad = tmp_path / f"{case}.jsonl"
     content = {
-        "array": '[{"question": "1+1=", "answer": "#### 2"}]\n',
+        "not_object": good.read_text() + "[1, 2]\n",
         "empty": "",
         "bad_row": good.read_text() + '{"question": "2+2="}\n',
     }
@@ -220,7 +220,7 @@ def test_bad_data_exits_2_naming_file_and_row_before_any_actor(tmp_path, tiny_mo
         bad.write_text(content[case])
     want = {
         "missing": f"data error: {bad}: no such file",
-        "array": f"data error: {bad}: row 1: a JSON array, not JSON lines",
+        "not_object": f"data error: {bad}: row 2: expected an object, got list",
         "empty": f"data error: {bad}: empty (no rows)",
         "bad_row": f"data error: {bad}: row 2: missing column 'answer'",
     }[case]

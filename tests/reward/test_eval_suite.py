@@ -369,9 +369,10 @@ def test_presets_compose_and_validate(name):
 
 
 @pytest.mark.parametrize("name", TEST_ONLY_TASKS)
-def test_test_only_tasks_need_a_test_file(name):
-    with pytest.raises(ConfigError, match=r"task: .*set task\.test_file"):
-        load(f"task={name}")
+def test_test_only_tasks_need_a_dataset_or_a_test_file(name):
+    said = r"task: .*set task\.dataset \(a hub id\) or task\.test_file"
+    with pytest.raises(ConfigError, match=said):
+        load(f"task={name}", "task.dataset=null")
 
 
 @pytest.mark.parametrize(
@@ -387,3 +388,45 @@ def test_test_only_tasks_need_a_test_file(name):
 def test_bad_task_values_are_config_errors(override, message):
     with pytest.raises(ConfigError, match=message):
         load("task=mmlu_pro", "task.test_file=/x.parquet", override)
+
+
+# where each preset's hub id keeps its rows (repo path, and README configs if it has them)
+HUB_FILES = {
+    "olympiadbench": "OlympiadBench/OE_TO_maths_en_COMP/OE_TO_maths_en_COMP.parquet",
+    "amc23": "data/test-00000-of-00001.parquet",
+    "aime24": "data/train-00000-of-00001.parquet",
+    "mmlu_pro": "data/test-00000-of-00001.parquet",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUB_FILES))
+def test_loads_the_hub_id_with_its_published_split_and_columns(monkeypatch, tmp_path, name):
+    """``task=<name>`` alone: the preset's hub id (served by tests/hub_server.py, in the layout
+    published there: split names, configuration, columns) read with the datasets library."""
+    import io
+
+    import datasets  # before hub_env: it patches datasets' own copy of the endpoint
+
+    from tests.hub_server import FakeHub, hub_env
+
+    cfg = preset(name)
+    rows, _, answers = LAYOUTS[name]
+    if name == "mmlu_pro":  # its parquet holds lists of options: pad as published (to 10)
+        rows = [{**r, "options": r["options"] + ["N/A"] * (10 - len(r["options"]))} for r in rows]
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buffer)
+    files = {HUB_FILES[name]: buffer.getvalue()}
+    if cfg.dataset_config:
+        folder = HUB_FILES[name].rsplit("/", 1)[0]
+        files["README.md"] = (
+            f"---\nconfigs:\n- config_name: {cfg.dataset_config}\n  data_files:\n"
+            f"  - split: {cfg.test_split}\n    path: {folder}/*.parquet\n---\n"
+        )
+    with FakeHub() as hub:
+        hub.add_repo(cfg.dataset, files, repo_type="dataset")
+        hub_env(monkeypatch, hub, tmp_path)
+        assert hub.url == datasets.config.HF_ENDPOINT
+        task = make_task(cfg)
+    assert [p.answer for p in task.test] == answers and task.train == []
+    split = f"{cfg.dataset_config}:{cfg.test_split}" if cfg.dataset_config else cfg.test_split
+    assert task.test[0].uid == f"{cfg.dataset.split('/')[1]}:{split}:1"
