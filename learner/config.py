@@ -106,6 +106,19 @@ class AlgorithmConfig:
 
 
 @dataclass
+class LoraConfig:
+    """``learner.lora``: rank 0 trains every weight (no LoRA)."""
+
+    rank: int = field(default=0, metadata={"ge": 0})
+    alpha: float = field(default=16.0, metadata={"gt": 0.0})
+    """The adapters' scale is alpha / rank."""
+    dropout: float = field(default=0.0, metadata={"ge": 0.0, "lt": 1.0})
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Module names (suffixes) that get adapters; ``all-linear``: every linear layer but the
+    output head (peft's shorthand)."""
+
+
+@dataclass
 class LearnerConfig:
     """The ``learner`` group (``conf/learner/*.yaml``): DeepSpeed ranks and the PPO update."""
 
@@ -164,6 +177,10 @@ class LearnerConfig:
     logits_chunk_tokens: int = field(default=CHUNK_TOKENS, metadata={"ge": 1})
     """Positions per piece of the logits: the peak logits memory is ~ this x vocabulary x 18
     bytes (2,048 x 152k: ~5.6 GB; the full [32, 4096, 152k] logits are ~40 GB in bf16)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters (learner/lora.py): ``lora.rank`` > 0 trains adapters on the frozen
+    model (the optimizer holds the adapters' state only); the engines and checkpoints get the
+    merged weights."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer in the backward pass (transformers' non-reentrant
     checkpointing): activation memory of one layer instead of all. transformers checkpoints only

@@ -63,7 +63,7 @@ def deepspeed_config(cfg: LearnerConfig, dtype: str) -> dict:
 def load_policy(model_path: str, cfg: LearnerConfig, dtype: str, *, trainable: bool = True):
     """The transformers causal LM in ``dtype`` with ``learner.attn_implementation``; a trainable
     one gets ``learner.gradient_checkpointing`` (non-reentrant; in ``train()`` mode, the only
-    mode in which transformers checkpoints)."""
+    mode in which transformers checkpoints) and, with ``learner.lora.rank`` > 0, adapters."""
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": getattr(torch, dtype)}
@@ -73,6 +73,10 @@ def load_policy(model_path: str, cfg: LearnerConfig, dtype: str, *, trainable: b
     if trainable and cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
+    if trainable and cfg.lora.rank > 0:
+        from learner.lora import wrap
+
+        model = wrap(model, cfg.lora)
     return model
 
 

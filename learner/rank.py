@@ -6,8 +6,8 @@ of the step's batch: micro-batches, log-probs recomputed under the current polic
 sampling temperature (learner/logprobs.py), optionally the old log-probs recomputed first with
 truncated importance weights (``learner.old_logprobs=recompute``), the policy loss with the
 *global* token and sequence counts of the mini-batch (so the loss and gradient do not depend on
-the split), ``backward(loss * world_size)`` (DeepSpeed averages gradients over
-ranks; the loss pieces must sum) and one optimizer step per mini-batch.
+the split), ``backward(loss * world_size)`` (DeepSpeed averages gradients over ranks; the loss
+pieces must sum) and one optimizer step per mini-batch. LoRA: learner/lora.py.
 
 Non-finite steps: DeepSpeed's ZeRO 1-3 optimizers detect a non-finite global grad norm and skip
 the update (weights and optimizer state untouched); we read that back per step and count it.
@@ -32,6 +32,7 @@ from comm.hub import ModelRef, node_folder
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import LearnerConfig
 from learner.logprobs import logits_problem, model_intrinsic, model_logprobs, prefix_problem
+from learner.lora import adapter_state_dict, merged_state_dict, save_model, sync_units
 from learner.loss import LossConfig
 from learner.policy import (
     available_ram_bytes,
@@ -145,7 +146,7 @@ class LearnerRank:
 
         model = load_policy(self.model_path, self.cfg, self.dtype)
         optimizer = torch.optim.AdamW(
-            model.parameters(),
+            [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters alone
             lr=self.cfg.lr,
             betas=tuple(self.cfg.betas),
             eps=self.cfg.adam_eps,
@@ -375,9 +376,10 @@ class LearnerRank:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag.item() == 0.0
 
-    def export_weights(self, every_rank: bool = False) -> dict[str, torch.Tensor] | None:
-        """The full state dict on rank 0, or on every rank (gathered under ZeRO-3, where every
-        rank must call this at the same time)."""
+    def export_weights(self, every_rank: bool = False, adapter: bool = False):
+        """The full (LoRA: merged) weights the engines load, on rank 0 or on every rank
+        (gathered under ZeRO-3, where every rank must call this at the same time); with
+        ``adapter``, ``(weights, the adapter alone or None)``."""
         import deepspeed
 
         module = self.engine.module
@@ -386,7 +388,8 @@ class LearnerRank:
         def snapshot():
             if not want:
                 return None
-            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+            state = merged_state_dict(module)
+            return (state, adapter_state_dict(module)) if adapter else state
 
         if self.cfg.zero_stage == 3:
             with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
@@ -394,17 +397,14 @@ class LearnerRank:
         return snapshot()
 
     def save(self, folder: str) -> None:
-        """DeepSpeed's own checkpoint (model shards, optimizer, scheduler) under
-        ``folder/deepspeed`` on every rank, and an HF model (safetensors) in ``folder/model``
-        written by rank 0. Every rank must call this at the same time."""
+        """DeepSpeed's checkpoint (shards, optimizer, scheduler) in ``folder/deepspeed`` on every
+        rank; rank 0 writes the HF model in ``folder/model`` (LoRA: merged, and ``adapter/``)."""
         self.engine.save_checkpoint(folder, tag="deepspeed", save_latest=False)
-        state = self.export_weights()
+        exported = self.export_weights(adapter=True)
         if self.rank == 0:
             from transformers import AutoTokenizer
 
-            self.engine.module.save_pretrained(
-                os.path.join(folder, "model"), state_dict=state, safe_serialization=True
-            )
+            save_model(self.engine.module, *exported, folder)
             AutoTokenizer.from_pretrained(self.model_path).save_pretrained(
                 os.path.join(folder, "model")
             )
@@ -423,16 +423,13 @@ class LearnerRank:
 
     # ---- collective weight sync (comm/weight_protocol.py) -------------------------------------
 
-    def _sync_params(self) -> list[tuple[str, torch.nn.Parameter]]:
-        """What the engines receive: ``named_parameters()`` (tied weights once; vLLM's loaders
-        skip a tied lm_head anyway), in the module's order."""
-        return list(self.engine.module.named_parameters())
-
     def weight_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
-        """``(name, dtype, shape)`` of every synced tensor (full shapes under ZeRO-3)."""
+        """``(name, dtype, shape)`` of every synced tensor (learner/lora.py ``sync_units``:
+        the parameters, or the merged LoRA model; full shapes under ZeRO-3)."""
         return [
-            (name, str(p.dtype).removeprefix("torch."), tuple(getattr(p, "ds_shape", p.shape)))
-            for name, p in self._sync_params()
+            (u.name, str(p.dtype).removeprefix("torch."), tuple(getattr(p, "ds_shape", p.shape)))
+            for u in sync_units(self.engine.module)
+            for p in u.params[:1]
         ]
 
     def open_weight_group(self, group) -> int:
@@ -452,23 +449,25 @@ class LearnerRank:
         return self.rank
 
     def gathered_buckets(self, buckets: list[list[int]]):
-        """Per bucket, its ``(name, parameter)`` pairs with full data: under ZeRO-3 gathered
+        """Per bucket, its ``(name, tensor)`` pairs with full data: under ZeRO-3 gathered
         bucket by bucket (at most one bucket beyond the shards at a time), on every rank at the
         same time; the data is valid until the next bucket is asked for."""
         import contextlib
 
         import deepspeed
 
-        params = self._sync_params()
+        units = sync_units(self.engine.module)
         for bucket in buckets:
-            named = [params[i] for i in bucket]
+            chosen = [units[i] for i in bucket]
             gather = (
-                deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None)
+                deepspeed.zero.GatheredParameters(
+                    [p for u in chosen for p in u.params], modifier_rank=None
+                )
                 if self.cfg.zero_stage == 3
                 else contextlib.nullcontext()
             )
             with gather:
-                yield named
+                yield [(u.name, u.value()) for u in chosen]
 
     @torch.no_grad()
     def export_buckets(self, bucket_bytes: int) -> list | None:
@@ -484,7 +483,7 @@ class LearnerRank:
         refs = []
         for named in self.gathered_buckets(plan_buckets(specs, bucket_bytes)):
             if self.rank == 0:
-                refs.append(ray.put({n: p.data.detach().to("cpu", copy=True) for n, p in named}))
+                refs.append(ray.put({n: t.detach().to("cpu", copy=True) for n, t in named}))
         return refs if self.rank == 0 else None
 
     @torch.no_grad()
@@ -496,5 +495,5 @@ class LearnerRank:
             self.sender.send_header(version)
         for named in self.gathered_buckets(self.sync_buckets):
             if self.sender is not None:
-                sent += self.sender.send_bucket([p.data for _, p in named])
+                sent += self.sender.send_bucket([t for _, t in named])
         return sent
