@@ -79,7 +79,10 @@ def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
         run_dir = tmp_path / "release"
         stdout = run_train(
             run_dir, *fast_tiny_overrides(tiny_model_dir), *SHORT, "algorithm=avspo_release",
-            "model.source=path", "model.path=avspo-test/tiny-fast", env=env,
+            "model.source=path", "model.path=avspo-test/tiny-fast",
+            # a model by path with the tiny model's own limits is refused (meant for real
+            # models): one token and one position more (its answers are ~4 tokens)
+            "rollout.max_model_len=65", "rollout.sampling.max_new_tokens=9", env=env,
         )  # fmt: skip
     assert f"model avspo-test/tiny-fast at main: commit {sha}" in stdout
     assert f"revision: {sha}" in (run_dir / "config.yaml").read_text()

@@ -1,7 +1,9 @@
 """``trainer.async=one_step`` with real actors (hf engine, 2 ZeRO-2 ranks, split layout): step
 t+1 generates while step t trains, every sample is at most one policy version behind, the
 importance correction is applied, and a resume from a checkpoint (which holds the prefetched
-step) reproduces the uninterrupted run."""
+step) reproduces the uninterrupted run. The learner trains LoRA adapters (``learner.lora``) in
+these runs: the engines generate and evaluate with the merged weights, the optimizer state is
+the adapters' alone, the checkpoints hold the adapter, and the resume is bit-exact with them."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ ONE_STEP = [
     "trainer.save_every=2",
     "trainer.eval_pass_k=0",
     "logger.report=false",
+    "learner.lora.rank=8",
+    "learner.lr=1e-3",  # adapters start at B = 0: LoRA's usual 10x the full-tuning rate
 ]
 
 
@@ -64,6 +68,7 @@ def test_one_step_overlap_lags_one_version_corrects_and_resumes_bit_exactly(
         assert got[step]["rollout/logprob_lag_abs_diff_mean"] > 1e-4
         assert got[step]["rollout/is_weight_mean"] != 1.0
     assert 0.0 <= got[3]["perf/rollout_idle_frac"] <= 1.0
+    _check_lora_checkpoint(whole / "checkpoints" / "step_000004")
     # continue from the step-2 checkpoint (it holds step 3's prefetched rollouts) in a new run
     ckpt = whole / "checkpoints" / "step_000002"
     state = json.loads((ckpt / "state.json").read_text())
@@ -73,3 +78,15 @@ def test_one_step_overlap_lags_one_version_corrects_and_resumes_bit_exactly(
     resumed = rows(cont)
     for step in (3, 4):
         assert deterministic(resumed[step]) == deterministic(got[step]), step
+
+
+def _check_lora_checkpoint(ckpt) -> None:
+    """A LoRA checkpoint: the merged model in ``model/``, the adapter alone in ``adapter/``,
+    and DeepSpeed's optimizer state for the adapters only (full tuning keeps fp32 weights and
+    two Adam moments per parameter: more than 2x the model file; the adapters are ~3% of it)."""
+    model = (ckpt / "model" / "model.safetensors").stat().st_size
+    adapter = ckpt / "adapter"
+    assert (adapter / "adapter_config.json").exists()
+    assert 0 < (adapter / "adapter_model.safetensors").stat().st_size < model / 10
+    optim = sum(f.stat().st_size for f in (ckpt / "deepspeed").rglob("*optim_states.pt"))
+    assert 0 < optim < model, (optim, model)
