@@ -80,9 +80,10 @@ def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
         stdout = run_train(
             run_dir, *fast_tiny_overrides(tiny_model_dir), *SHORT, "algorithm=avspo_release",
             "model.source=path", "model.path=avspo-test/tiny-fast",
-            # a model by path with the tiny model's own limits is refused (meant for real
-            # models): one token and one position more (its answers are ~4 tokens)
-            "rollout.max_model_len=65", "rollout.sampling.max_new_tokens=9", env=env,
+            # a model by path with the tiny model's own limits and lr is refused (meant for
+            # real models): one token and one position more (its answers are ~4 tokens), lr /2
+            "rollout.max_model_len=65", "rollout.sampling.max_new_tokens=9", "learner.lr=5e-5",
+            env=env,
         )  # fmt: skip
     assert f"model avspo-test/tiny-fast at main: commit {sha}" in stdout
     assert f"revision: {sha}" in (run_dir / "config.yaml").read_text()
