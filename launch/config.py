@@ -251,7 +251,8 @@ TINY_LR = 1e-4
 
 def _length_problem(cfg: TrainConfig) -> str | None:
     """Lengths that cannot work: a response budget the context cannot hold, or a real model
-    run with the tiny model's limits (8-token answers, 64-token context, lr 1e-4)."""
+    run with the tiny model's limits (8-token answers, 64-token context, lr 1e-4; LoRA adapters
+    are trained at such rates, so not the lr then)."""
     rollout = cfg.rollout
     if rollout.sampling.max_new_tokens >= rollout.max_model_len:
         return (
@@ -269,7 +270,7 @@ def _length_problem(cfg: TrainConfig) -> str | None:
             f"{small[0]}: {shown} are the tiny model's limits, too short for model "
             f"{cfg.model.name!r} (its preset, conf/model/{cfg.model.name}.yaml, sets its own)"
         )
-    if cfg.learner.lr >= TINY_LR:
+    if cfg.learner.lr >= TINY_LR and cfg.learner.lora.rank == 0:  # LoRA: ~1e-4 is usual
         return (
             f"learner.lr: {cfg.learner.lr:g} is the tiny model's learning rate; a pretrained "
             f"model ({cfg.model.name!r}) wants ~1e-6 (its preset sets it)"

@@ -280,6 +280,12 @@ def test_a_real_model_with_the_tiny_models_limits_is_a_config_error(overrides, m
         load(*overrides)
 
 
+def test_lora_adapters_may_train_at_the_tiny_models_rate():
+    """LoRA's usual learning rates (~1e-4) are not the full-tuning mistake the check catches."""
+    cfg = load("model=smollm2-135m", "learner.lr=1e-4", "learner.lora.rank=16")
+    assert cfg.learner.lora.rank == 16 and cfg.learner.lr == 1e-4
+
+
 @pytest.mark.parametrize("size", ["1.5b", "7b"])
 def test_paper_experiment_preset_has_the_papers_values(size):
     """docs/ARCHITECTURE.md section 10, value by value; it validates here (a GPU is needed only
