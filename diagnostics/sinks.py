@@ -132,6 +132,12 @@ class ConsoleSink:
         if self.bar is not None and step > 0:
             self.bar.update(step - self.bar.n)
 
+    def phase(self, text: str | None) -> None:
+        """A long phase in progress (evaluation, a checkpoint) shown on the bar; None clears
+        it. Off a terminal nothing: the step lines say what happened."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(text or "", refresh=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -146,6 +152,11 @@ class MultiSink:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
             sink.log(step, metrics)
+
+    def phase(self, text: str | None) -> None:
+        for sink in self.sinks:
+            if hasattr(sink, "phase"):
+                sink.phase(text)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -314,7 +314,8 @@ class Trainer:
         metrics: dict[str, float] = {k: v for k, v in self.resumed_row.items() if k != "step"}
         try:
             if start == 0:
-                metrics = self.evaluate(0)
+                with self.phase(sink, self.eval_phase()):
+                    metrics = self.evaluate(0)
                 self.accuracy_start = metrics["eval/accuracy"]
                 sink.log(0, metrics)
             if self.stop_reason:
@@ -323,11 +324,13 @@ class Trainer:
                 metrics = self.train_step(step)
                 last = step == t.total_steps
                 if (t.eval_every and step % t.eval_every == 0) or last:
-                    metrics |= self.evaluate(step)
+                    with self.phase(sink, self.eval_phase()):
+                        metrics |= self.evaluate(step)
                 sink.log(step, metrics)  # before the checkpoint: a resume never loses a row
                 stopping = self.stop_reason is not None and not last
                 if (t.save_every and step % t.save_every == 0) or last or stopping:
-                    folder = self.save(step)
+                    with self.phase(sink, f"writing the step-{step} checkpoint"):
+                        folder = self.save(step)
                 if stopping:
                     raise Stopped(self.stop_reason, step, folder)
         finally:
@@ -335,15 +338,31 @@ class Trainer:
         self.write_outputs()
         return {"eval/accuracy_start": self.accuracy_start, **metrics}
 
+    @staticmethod
+    @contextlib.contextmanager
+    def phase(sink: MultiSink, text: str):
+        """``text`` on the console's progress bar while the block runs (a terminal only)."""
+        sink.phase(text)
+        try:
+            yield
+        finally:
+            sink.phase(None)
+
+    def eval_phase(self) -> str:
+        n = sum(len(task.test) for task, _ in self.stages.eval_sets.values())
+        t = self.cfg.trainer
+        k = (t.eval_samples or t.eval_pass_k) if t.eval_pass_k else 0
+        return f"evaluating {n} problems" + (f" (greedy, then {k} samples each)" if k else "")
+
     def open_sinks(self, start: int) -> MultiSink:
         lg = self.cfg.logger
         sinks: list = [JsonlSink(self.run_dir / "metrics.jsonl")]
         if lg.console:
-            sinks.append(
-                ConsoleSink(
-                    self.cfg.trainer.total_steps, progress=lg.progress, write=self.log, start=start
-                )
+            console = ConsoleSink(
+                self.cfg.trainer.total_steps, progress=lg.progress, write=self.log, start=start
             )
+            self.log = console.write  # above the bar, on a terminal: every line of the run
+            sinks.append(console)
         if lg.tensorboard:
             sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
         if lg.wandb:

@@ -13,6 +13,7 @@ AVSPO are about. Everything is seeded; the result is saved with ``save_pretraine
 from __future__ import annotations
 
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,11 +217,16 @@ def build_tiny_pinned(
     proc = subprocess.Popen(
         cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    lines = []
+    lines, bar = [], _build_bar(cfg.sft_steps) if log else None
     for line in proc.stdout:
         lines.append(line.rstrip("\n"))
         if line.startswith("  ") and log:
-            log(line.rstrip("\n"))
+            (bar.write if bar else log)(line.rstrip("\n"))
+            done = re.match(r"\s+warm start (\d+)/", line)
+            if bar and done:
+                bar.update(int(done.group(1)) - bar.n)
+    if bar:
+        bar.close()
     if proc.wait() != 0:
         tail = "\n".join(lines[-20:])
         raise RuntimeError(f"the tiny model's build failed (exit {proc.returncode}):\n{tail}")
@@ -230,6 +236,17 @@ def build_tiny_pinned(
 
 
 FACTS = ".build_facts.json"
+
+
+def _build_bar(total: int):
+    """A progress bar over the warm-start steps on a terminal (None elsewhere: the lines say)."""
+    import sys
+
+    if not sys.stdout.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", desc="building the tiny model", dynamic_ncols=True)
 
 
 def _child_main(argv: list[str]) -> None:

@@ -277,3 +277,23 @@ def test_eval_samples_below_k_is_a_config_error():
     cfg.trainer.eval_pass_k, cfg.trainer.eval_samples = 8, 4
     with pytest.raises(ConfigError, match="trainer.eval_samples"):
         validate(cfg)
+
+
+def test_the_console_shows_long_phases_on_its_bar_and_lines_above_it():
+    """On a terminal (progress=always here) a phase's text sits on the step bar while it runs and
+    is cleared after; the run's other lines go above the bar. Off a terminal: no bar, no phase."""
+    from diagnostics.sinks import ConsoleSink, MultiSink
+
+    lines = []
+    plain = ConsoleSink(4, progress="never", write=lines.append)
+    plain.phase("evaluating 256 problems")  # nothing to show it on
+    assert plain.bar is None and plain.write == lines.append
+
+    console = ConsoleSink(4, progress="always", write=lines.append)
+    sink = MultiSink([console])
+    sink.phase("writing the step-2 checkpoint")
+    assert "writing the step-2 checkpoint" in str(console.bar)  # the bar as it is drawn
+    sink.phase(None)
+    assert "checkpoint" not in str(console.bar)
+    assert console.write == console.bar.write  # lines go above the bar
+    console.close()
