@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.benchmarks.child import run_child  # noqa: E402 - after the path
 
 VOCAB = 151936
 
@@ -118,10 +118,7 @@ def run(args, model_dir: str, logits: str, ckpt: bool) -> dict:
         cmd += [f"--{name}", str(getattr(args, name))]
     if ckpt:
         cmd.append("--ckpt")
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode:
-        sys.exit(f"{logits} ckpt={ckpt} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(cmd, f"{logits} ckpt={ckpt}")
 
 
 def main() -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.benchmarks.child import run_child  # noqa: E402 - after the path
 
 
 def make_batch(args, vocab: int):
@@ -93,10 +93,7 @@ def run(args, model_dir: str, rank: int) -> dict:
     cmd = [sys.executable, __file__, "--child", "--model", model_dir, "--rank", str(rank)]
     for name in ("batch", "length", "steps", "threads"):
         cmd += [f"--{name}", str(getattr(args, name))]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode:
-        sys.exit(f"rank {rank} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(cmd, f"rank {rank}")
 
 
 def main() -> None:
