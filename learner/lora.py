@@ -99,9 +99,21 @@ def _lora_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 
 def merged_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The merged model's state dict (base names, CPU copies): what ``model/`` of a checkpoint
-    holds. The caller gathers ZeRO-3 shards around it."""
-    return {u.name: u.value().detach().to("cpu", copy=True) for u in sync_units(module)}
+    """The (merged) model's state dict under the base names, CPU copies: every entry of
+    ``module.state_dict()`` (tied weights under each name, buffers), the adapters merged into
+    their weights. What the object-store sync sends and ``model/`` of a checkpoint holds. The
+    caller gathers ZeRO-3 shards around it."""
+    layers = _lora_layers(module)
+    out = {}
+    for name, t in module.state_dict().items():
+        if ".lora_" in name:
+            continue
+        layer = layers.get(name)
+        if layer is not None:
+            a, b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
+            t = _merged(t, a, b, layer.scaling[ADAPTER])
+        out[base_name(name)] = t.detach().to("cpu", copy=True)
+    return out
 
 
 def adapter_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor] | None:

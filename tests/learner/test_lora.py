@@ -52,10 +52,13 @@ def test_merged_weights_equal_peft_merge_under_the_base_names():
     model = _trained_lora(LoraConfig(rank=4, alpha=8))
     merged = merged_state_dict(model)
     reference = copy.deepcopy(model).merge_and_unload()  # peft's own merge
-    names = [n for n, _ in reference.named_parameters()]
-    assert list(merged) == names  # the engines' names, in the model's order
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(merged[name], p.data, rtol=0, atol=1e-6)
+    assert list(merged) == list(reference.state_dict())  # the base names, in the model's order
+    for name, t in reference.state_dict().items():
+        torch.testing.assert_close(merged[name], t, rtol=0, atol=1e-6)
+    units = sync_units(model)  # what the collective sync sends: each parameter once
+    assert [u.name for u in units] == [n for n, _ in reference.named_parameters()]
+    for u in units:
+        torch.testing.assert_close(u.value(), merged[u.name], rtol=0, atol=0)
     frozen = dict(model.named_parameters())[
         "base_model.model.model.layers.0.mlp.up_proj.base_layer.weight"
     ]
