@@ -7,6 +7,7 @@ reads or writes secrets.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -153,10 +154,17 @@ class MultiSink:
         for sink in self.sinks:
             sink.log(step, metrics)
 
-    def phase(self, text: str | None) -> None:
-        for sink in self.sinks:
-            if hasattr(sink, "phase"):
-                sink.phase(text)
+    @contextlib.contextmanager
+    def phase(self, text: str):
+        """``text`` on the sinks that show phases (the console's bar) while the block runs."""
+        shown = [sink for sink in self.sinks if hasattr(sink, "phase")]
+        for sink in shown:
+            sink.phase(text)
+        try:
+            yield
+        finally:
+            for sink in shown:
+                sink.phase(None)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -314,7 +314,7 @@ class Trainer:
         metrics: dict[str, float] = {k: v for k, v in self.resumed_row.items() if k != "step"}
         try:
             if start == 0:
-                with self.phase(sink, self.eval_phase()):
+                with sink.phase(self.eval_phase()):
                     metrics = self.evaluate(0)
                 self.accuracy_start = metrics["eval/accuracy"]
                 sink.log(0, metrics)
@@ -324,12 +324,12 @@ class Trainer:
                 metrics = self.train_step(step)
                 last = step == t.total_steps
                 if (t.eval_every and step % t.eval_every == 0) or last:
-                    with self.phase(sink, self.eval_phase()):
+                    with sink.phase(self.eval_phase()):
                         metrics |= self.evaluate(step)
                 sink.log(step, metrics)  # before the checkpoint: a resume never loses a row
                 stopping = self.stop_reason is not None and not last
                 if (t.save_every and step % t.save_every == 0) or last or stopping:
-                    with self.phase(sink, f"writing the step-{step} checkpoint"):
+                    with sink.phase(f"writing the step-{step} checkpoint"):
                         folder = self.save(step)
                 if stopping:
                     raise Stopped(self.stop_reason, step, folder)
@@ -337,16 +337,6 @@ class Trainer:
             sink.close()
         self.write_outputs()
         return {"eval/accuracy_start": self.accuracy_start, **metrics}
-
-    @staticmethod
-    @contextlib.contextmanager
-    def phase(sink: MultiSink, text: str):
-        """``text`` on the console's progress bar while the block runs (a terminal only)."""
-        sink.phase(text)
-        try:
-            yield
-        finally:
-            sink.phase(None)
 
     def eval_phase(self) -> str:
         n = sum(len(task.test) for task, _ in self.stages.eval_sets.values())

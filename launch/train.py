@@ -115,13 +115,6 @@ def main(raw: DictConfig) -> None:
     )
 
 
-def _exists(pattern: str) -> bool:
-    """A local data file, or a glob of them (reward/data.py), is there."""
-    import glob
-
-    return bool(glob.glob(pattern)) if glob.has_magic(pattern) else Path(pattern).is_file()
-
-
 VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path",
                "-cp", "--config-dir", "-cd", "--info", "-i")  # fmt: skip
 """Hydra's flags that take a value (never an override)."""
@@ -154,6 +147,7 @@ def validate(overrides: list[str], *, data: bool = True) -> list[str]:
     from omegaconf.errors import OmegaConfBaseException
 
     from launch.config import ConfigError
+    from reward.data import data_paths
     from reward.tasks import data_files, make_task
 
     conf = Path(__file__).resolve().parents[1] / "conf"
@@ -166,7 +160,7 @@ def validate(overrides: list[str], *, data: bool = True) -> list[str]:
             raise ConfigError(str(err).splitlines()[0] + cause) from None
         tasks = (cfg.task, *cfg.trainer.eval_tasks.values())
         if not data:
-            missing = [f for t in tasks for f in data_files(t) if not _exists(f)]
+            missing = [f for t in tasks for f in data_files(t) if not data_paths(f)]
             return list(dict.fromkeys(missing))  # a file two tasks read, once
         for task in tasks:
             make_task(task)

@@ -71,17 +71,20 @@ def sync_units(module: torch.nn.Module) -> list[SyncUnit]:
         if layer is None:
             units.append(SyncUnit(base_name(name), [p], lambda p=p: p.data))
             continue
-        a, b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
-        scale = layer.scaling[ADAPTER]
-        units.append(
-            SyncUnit(base_name(name), [p, a, b], lambda p=p, a=a, b=b, s=scale: _merged(p, a, b, s))
-        )
+        a, b = _adapters(layer)
+        units.append(SyncUnit(base_name(name), [p, a, b], lambda p=p, m=layer: _merged(p, m)))
     return units
 
 
-def _merged(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """``W + scale B A`` in W's dtype (computed in fp32)."""
-    delta = (b.data.float() @ a.data.float()) * scale
+def _adapters(layer) -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
+    """A LoRA layer's A and B weights."""
+    return layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
+
+
+def _merged(w: torch.Tensor, layer) -> torch.Tensor:
+    """``W + (alpha / r) B A`` of ``layer``'s adapter, in W's dtype (computed in fp32)."""
+    a, b = _adapters(layer)
+    delta = (b.data.float() @ a.data.float()) * layer.scaling[ADAPTER]
     return (w.data.float() + delta).to(w.dtype)
 
 
@@ -110,8 +113,7 @@ def merged_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
             continue
         layer = layers.get(name)
         if layer is not None:
-            a, b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
-            t = _merged(t, a, b, layer.scaling[ADAPTER])
+            t = _merged(t, layer)
         out[base_name(name)] = t.detach().to("cpu", copy=True)
     return out
 

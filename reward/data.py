@@ -29,11 +29,17 @@ class DataError(ValueError):
     """A data row is unusable; the message names the file, row and reason."""
 
 
+def data_paths(pattern: str) -> list[str]:
+    """The local files a path or a glob names, sorted; empty when any of them is not a file."""
+    paths = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    return paths if paths and all(Path(p).is_file() for p in paths) else []
+
+
 def file_rows(pattern: str) -> Iterator[tuple[int, Any]]:
     """(1-based row, row) of local files (a path or a glob, one format); a JSON-lines row the
     library could not read comes as a :class:`DataError` in place of the row."""
-    paths = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-    if not paths or not all(Path(p).is_file() for p in paths):
+    paths = data_paths(pattern)
+    if not paths:
         raise DataError(f"{pattern}: no such file")
     suffixes = {Path(p).suffix for p in paths}
     builder = FORMATS.get(suffixes.pop()) if len(suffixes) == 1 else None

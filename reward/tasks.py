@@ -279,9 +279,7 @@ def _split(cfg: TaskConfig, file: str | None, split: str | None, limit: int):
     if cfg.test_file:
         return load_problems(file, file_rows(file), cfg, limit) if file else ([], 0)
     if cfg.dataset and split:
-        source = f"{cfg.dataset}:{split}" if not cfg.dataset_config else (
-            f"{cfg.dataset}:{cfg.dataset_config}:{split}"
-        )  # fmt: skip
+        source = ":".join(x for x in (cfg.dataset, cfg.dataset_config, split) if x)
         return load_problems(source, hub_rows(cfg.dataset, cfg.dataset_config, split), cfg, limit)
     return [], 0
 

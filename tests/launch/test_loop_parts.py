@@ -291,9 +291,8 @@ def test_the_console_shows_long_phases_on_its_bar_and_lines_above_it():
 
     console = ConsoleSink(4, progress="always", write=lines.append)
     sink = MultiSink([console])
-    sink.phase("writing the step-2 checkpoint")
-    assert "writing the step-2 checkpoint" in str(console.bar)  # the bar as it is drawn
-    sink.phase(None)
+    with sink.phase("writing the step-2 checkpoint"):
+        assert "writing the step-2 checkpoint" in str(console.bar)  # the bar as it is drawn
     assert "checkpoint" not in str(console.bar)
     assert console.write == console.bar.write  # lines go above the bar
     console.close()
