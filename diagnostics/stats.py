@@ -1,10 +1,11 @@
-"""Small-sample statistics for comparing runs over seeds (launch/reproduce.py): mean, standard
+"""Small-sample statistics for comparing runs over seeds (launch/aggregate.py): mean, standard
 deviation and a Student-t 95% confidence interval per cell, paired differences per seed against
-a baseline, and a fitted line's 95% confidence band. Pure Python (no numpy, scipy or torch).
+a baseline with their t-test p-values, the Holm adjustment over a family of comparisons, a fitted
+line's 95% confidence band, and the R^2 one predictor adds to another.
 
-The t quantiles are the two-sided 95% critical values t_{0.975, df} (standard tables, e.g.
-NIST/SEMATECH e-Handbook 1.3.6.7.2), exact to 3 decimals for df <= 30; beyond, the Cornish-Fisher
-expansion z + (z^3 + z) / (4 df) (off by < 0.002 there).
+The quantiles, tests and regressions come from scipy.stats and statsmodels, not from formulas
+written here; what is written here is only which of them a figure uses. No Ray, vLLM, DeepSpeed
+or torch.
 """
 
 from __future__ import annotations
@@ -12,27 +13,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
+import numpy as np
+from scipy import stats as sps
 
 
 def t975(df: int) -> float:
-    """The two-sided 95% Student-t critical value for ``df`` degrees of freedom.
+    """The two-sided 95% Student-t critical value for ``df`` degrees of freedom
+    (``scipy.stats.t.ppf(0.975, df)``).
 
-    >>> t975(4), t975(30)
-    (2.776, 2.042)
-    >>> round(t975(1000), 3)  # 1.960 + (1.960^3 + 1.960) / 4000 = 1.962
-    1.962
+    Tables give 2.776 at 4 dof, 2.042 at 30 and 1.962 at 1000:
+
+    >>> round(t975(4), 3), round(t975(30), 3), round(t975(1000), 3)
+    (2.776, 2.042, 1.962)
     """
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(T975):
-        return T975[df - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df)
+    return float(sps.t.ppf(0.975, df))
 
 
 # The paper's early-ACR line over its 245 runs (arXiv 2605.21125): accuracy in percent.
@@ -43,17 +39,26 @@ PAPER_LINE = (
 )
 
 
-def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
-    """Least-squares line ``y = intercept + slope * x`` and its R^2: ``(intercept, slope, r2)``.
+def _finite(xs: list[float], ys: list[float], what: str) -> tuple[list[float], list[float]]:
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError(f"{what} needs >= 2 (x, y) pairs, got {len(xs)} x and {len(ys)} y")
+    xs, ys = [float(x) for x in xs], [float(y) for y in ys]
+    if not all(math.isfinite(v) for v in xs + ys):
+        raise ValueError(f"{what} needs finite values")
+    if max(xs) == min(xs):
+        raise ValueError(f"all x values equal {xs[0]}: no line (and no R^2) is determined")
+    return xs, ys
 
-    With S_uv = sum_i (u_i - mean u)(v_i - mean v): slope = S_xy / S_xx,
-    intercept = mean y - slope * mean x, R^2 = S_xy^2 / (S_xx * S_yy) (= 1 - SS_res / SS_tot).
-    R^2 is nan when all y are equal (nothing to explain). Raises ValueError for fewer than two
-    points, lists of different lengths, non-finite values, or all x equal (no line determined).
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least-squares line ``y = intercept + slope * x`` and its R^2: ``(intercept, slope, r2)``
+    (``scipy.stats.linregress``). R^2 is nan when all y are equal (nothing to explain). Raises
+    ValueError for fewer than two points, lists of different lengths, non-finite values, or all
+    x equal (no line determined).
 
     Three points on y = 1 + 2x:
 
-    >>> fit_line([0, 1, 2], [1, 3, 5])
+    >>> tuple(round(v, 9) for v in fit_line([0, 1, 2], [1, 3, 5]))
     (1.0, 2.0, 1.0)
 
     x = 0..3, y = 1, 2, 2, 4: means 1.5 and 2.25; S_xx = 2.25 + 0.25 + 0.25 + 2.25 = 5,
@@ -64,33 +69,26 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     >>> round(a, 9), round(b, 9), round(r2, 9) == round(81 / 95, 9)
     (0.9, 0.9, True)
     """
-    if len(xs) != len(ys) or len(xs) < 2:
-        raise ValueError(f"a line needs >= 2 (x, y) pairs, got {len(xs)} x and {len(ys)} y")
-    xs, ys = [float(x) for x in xs], [float(y) for y in ys]
-    if not all(math.isfinite(v) for v in xs + ys):
-        raise ValueError("fit_line needs finite values")
-    if max(xs) == min(xs):
-        raise ValueError(f"all x values equal {xs[0]}: no line (and no R^2) is determined")
+    xs, ys = _finite(xs, ys, "a line")
     if max(ys) == min(ys):
         return ys[0], 0.0, math.nan
-    mx, my = math.fsum(xs) / len(xs), math.fsum(ys) / len(ys)
-    sxx = math.fsum((x - mx) ** 2 for x in xs)
-    syy = math.fsum((y - my) ** 2 for y in ys)
-    sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    slope = sxy / sxx
-    return my - slope * mx, slope, sxy * sxy / (sxx * syy)
+    res = sps.linregress(xs, ys)
+    return float(res.intercept), float(res.slope), float(res.rvalue) ** 2
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """``n`` values: their mean, sample standard deviation (n - 1) and the half-width of the 95%
-    confidence interval of the mean (``t975(n - 1) * sd / sqrt(n)``); sd and ci are None for
-    n < 2 (one seed says nothing about the spread)."""
+    """``n`` values: their mean, sample standard deviation (n - 1), the half-width of the 95%
+    confidence interval of the mean (``t975(n - 1) * sd / sqrt(n)``) and the two-sided p-value
+    of the one-sample t-test of mean 0 (``scipy.stats.ttest_1samp``; meaningful for a paired
+    difference); sd, ci and p are None for n < 2 (one seed says nothing about the spread), p is
+    also None when every value is equal (sd 0: no test)."""
 
     n: int
     mean: float | None
     sd: float | None
     ci: float | None
+    p: float | None = None
 
     def text(self, scale: float = 1.0, digits: int = 3) -> str:
         """``"0.512 +- 0.031 (n=5)"``; ``"n/a"`` without values."""
@@ -103,14 +101,14 @@ class Estimate:
 
 
 def estimate(values: list[float | None]) -> Estimate:
-    """Mean, sd and 95% CI of the finite values (None and nan are dropped).
+    """Mean, sd, 95% CI and t-test p-value of the finite values (None and nan are dropped).
 
     Hand check: [0.4, 0.5, 0.6] -> mean 0.5, sd = sqrt((0.01 + 0 + 0.01) / 2) = 0.1,
-    ci = 4.303 * 0.1 / sqrt(3) = 0.248434.
+    ci = t975(2) 4.302653 * 0.1 / sqrt(3) = 0.248414; t = 0.5 / (0.1 / sqrt(3)) = 8.660 on 2 dof.
 
     >>> e = estimate([0.4, 0.5, 0.6, None])
-    >>> e.n, round(e.mean, 6), round(e.sd, 6), round(e.ci, 5)
-    (3, 0.5, 0.1, 0.24843)
+    >>> e.n, round(e.mean, 6), round(e.sd, 6), round(e.ci, 5), round(e.p, 4)
+    (3, 0.5, 0.1, 0.24841, 0.0131)
     """
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     n = len(xs)
@@ -119,14 +117,15 @@ def estimate(values: list[float | None]) -> Estimate:
     mean = math.fsum(xs) / n
     if n == 1:
         return Estimate(1, mean, None, None)
-    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1))
-    return Estimate(n, mean, sd, t975(n - 1) * sd / math.sqrt(n))
+    sd = float(np.std(xs, ddof=1))
+    p = float(sps.ttest_1samp(xs, 0.0).pvalue) if sd > 0 else None
+    return Estimate(n, mean, sd, t975(n - 1) * sd / math.sqrt(n), p)
 
 
 def paired(values: dict[int, float | None], baseline: dict[int, float | None]) -> Estimate:
     """The per-seed difference ``values[s] - baseline[s]`` over the seeds both have (finite):
     the paired comparison, which removes what a seed does to both arms (the same prompts drawn,
-    the same initial evaluation).
+    the same initial evaluation). Its ``p`` is the paired t-test's.
 
     >>> e = paired({0: 0.5, 1: 0.7, 2: 0.6}, {0: 0.4, 1: 0.5, 2: 0.6, 3: 0.9})
     >>> e.n, round(e.mean, 6)  # diffs 0.1, 0.2, 0.0 (seed 3 has no pair)
@@ -139,6 +138,23 @@ def paired(values: dict[int, float | None], baseline: dict[int, float | None]) -
             continue
         diffs.append(v - b)
     return estimate(diffs)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (statsmodels' ``multipletests``):
+    the adjusted value is below 0.05 exactly where Holm rejects at a 5% family-wise error rate.
+
+    Sorted p = 0.01, 0.02, 0.04 of 3 tests: 3 x 0.01 = 0.03, max(0.03, 2 x 0.02) = 0.04,
+    max(0.04, 1 x 0.04) = 0.04 (each in the input's order):
+
+    >>> [round(p, 6) for p in holm([0.04, 0.01, 0.02])]
+    [0.04, 0.03, 0.04]
+    """
+    if not pvalues:
+        return []
+    from statsmodels.stats.multitest import multipletests
+
+    return [float(p) for p in multipletests(pvalues, alpha=0.05, method="holm")[1]]
 
 
 @dataclass(frozen=True)
@@ -171,7 +187,7 @@ def fit(xs: list[float], ys: list[float]) -> Fit:
     >>> f = fit([0, 1, 2, 3], [1, 2, 2, 4])
     >>> round(f.s, 6) == round(math.sqrt(0.35), 6), f.sxx
     (True, 5.0)
-    >>> round(f.band(1.5), 6) == round(4.303 * math.sqrt(0.35) * math.sqrt(0.25), 6)
+    >>> round(f.band(1.5), 6) == round(t975(2) * math.sqrt(0.35) * math.sqrt(0.25), 6)
     True
     """
     intercept, slope, r2 = fit_line(xs, ys)
@@ -181,3 +197,47 @@ def fit(xs: list[float], ys: list[float]) -> Fit:
     ss_res = math.fsum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
     s = math.sqrt(ss_res / (n - 2)) if n > 2 else math.nan
     return Fit(intercept, slope, r2, n, s, mean_x, sxx)
+
+
+@dataclass(frozen=True)
+class AddedR2:
+    """What predictor ``x`` adds to ``y ~ base``: R^2 of ``y ~ base`` and of ``y ~ base + x``
+    over ``n`` points, their difference, the partial F-test's p-value, and ``x``'s coefficient
+    in the full fit."""
+
+    n: int
+    r2_base: float
+    r2_full: float
+    added: float
+    p: float
+    coef: float
+
+
+def added_r2(base: list[float], x: list[float], y: list[float]) -> AddedR2:
+    """Ordinary least squares (statsmodels) of ``y`` on ``base`` alone and on ``base`` and
+    ``x``: the R^2 that ``x`` adds given ``base``, and the F-test of the nested models.
+
+    y = base + x exactly, with x not a function of base: the base alone leaves x's share, the
+    full fit explains everything (added = 1 - r2_base) with coefficient 1:
+
+    >>> a = added_r2([0, 1, 2, 3, 4], [1, 0, 1, 0, 2], [1, 1, 3, 3, 6])
+    >>> round(a.r2_full, 9), round(a.added, 9) == round(1 - a.r2_base, 9), round(a.coef, 9)
+    (1.0, True, 1.0)
+    """
+    import statsmodels.api as sm
+
+    n = len(y)
+    if not (len(base) == len(x) == n) or n < 4:
+        raise ValueError(
+            f"added_r2 needs >= 4 points of equal length, got {len(base)}/{len(x)}/{n}"
+        )
+    b = sm.add_constant(np.asarray(base, dtype=float))
+    full = np.column_stack([b, np.asarray(x, dtype=float)])
+    ys = np.asarray(y, dtype=float)
+    small, big = sm.OLS(ys, b).fit(), sm.OLS(ys, full).fit()
+    if big.ssr <= 1e-12 * max(1.0, float(np.sum((ys - ys.mean()) ** 2))):
+        p = 0.0  # x explains the rest exactly: no residual variance to test against
+    else:
+        p = float(big.compare_f_test(small)[1])
+    return AddedR2(n, float(small.rsquared), float(big.rsquared),
+                   float(big.rsquared - small.rsquared), p, float(big.params[-1]))  # fmt: skip

@@ -1,20 +1,29 @@
-"""The aggregate of an experiment's rows: estimates over seeds, paired differences, fitted
-lines, plots, and the markdown written into docs/RESULTS.md."""
+"""The aggregate of an experiment's rows: estimates over seeds, paired differences with Holm's
+adjustment, differences at equal rollout tokens, fitted lines, plots, and the markdown written
+into docs/RESULTS.md.
+
+The primary endpoint is held-out mean@k at temperature 1 (k samples per test problem: far less
+noisy than the greedy accuracy beside it); an experiment whose rows lack it (``eval_pass_k=0``)
+falls back to greedy accuracy, and says so in its table."""
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from diagnostics.stats import (
     PAPER_INTERCEPT,
     PAPER_LINE,
     PAPER_SLOPE,
     Estimate,
+    added_r2,
     estimate,
     fit,
+    holm,
     paired,
 )
 from launch.experiments import FIGURES, ROOT, Experiment, cell_id
@@ -23,18 +32,78 @@ from launch.grid import command, latest, models_of, read_rows, rows_of
 # --- the aggregate --------------------------------------------------------------------------
 
 
-def equal_token_accuracy(rows: list[dict]) -> dict[int, float | None]:
-    """Per row (by index): greedy accuracy at the last evaluation whose cumulative rollout
-    tokens fit the smallest total of the group, so that arms that generate more (DAPO's
-    resampling, more steps) are compared at the same generation budget."""
-    totals = [r["generated_tokens"] for r in rows if r.get("generated_tokens")]
-    if not totals:
-        return {}
+def primary_key(rows: list[dict]) -> str:
+    """``final_mean_at_k`` when any ok row has it, else ``final_accuracy`` (greedy)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    return (
+        "final_mean_at_k"
+        if any(r.get("final_mean_at_k") is not None for r in ok)
+        else ("final_accuracy")
+    )
+
+
+def at_tokens(row: dict, tokens: float, key: str) -> float | None:
+    """The row's evaluation curve ``key`` (``mean_at_k`` or ``accuracy``) against cumulative
+    rollout tokens, linearly interpolated at ``tokens`` (``numpy.interp``); None beyond the
+    curve's ends or without the key.
+
+    >>> r = {"evals": [{"generated_tokens": 0, "accuracy": 0.1},
+    ...                {"generated_tokens": 100, "accuracy": 0.3}]}
+    >>> round(at_tokens(r, 25, "accuracy"), 9)  # a quarter of the way from 0.1 to 0.3
+    0.15
+    """
+    pts = [(e["generated_tokens"], e[key]) for e in row.get("evals", []) if e.get(key) is not None]
+    if not pts or not pts[0][0] <= tokens <= pts[-1][0] + 1e-9:
+        return None
+    return float(np.interp(tokens, [p[0] for p in pts], [p[1] for p in pts]))
+
+
+def equal_token_difference(row: dict, base: dict, key: str) -> float | None:
+    """``row`` minus ``base`` (the same seed's baseline run) on curve ``key`` at the smaller of
+    their two rollout-token totals, both curves interpolated there (:func:`at_tokens`): the arm
+    that generated more is read at the point where it had generated what the other had in all,
+    not at an earlier evaluation."""
+    totals = [r.get("generated_tokens") for r in (row, base)]
+    if not all(totals):
+        return None
     budget = min(totals)
-    out = {}
-    for i, r in enumerate(rows):
-        fits = [e for e in r.get("evals", []) if e["generated_tokens"] <= budget + 1e-9]
-        out[i] = fits[-1]["accuracy"] if fits else None
+    a, b = at_tokens(row, budget, key), at_tokens(base, budget, key)
+    return None if a is None or b is None else a - b
+
+
+def _fingerprint(r: dict) -> tuple:
+    """What two runs share only if they computed the same thing: the weights, the seed, every
+    evaluation and the collapse and token totals."""
+    evals = tuple((e.get("step"), e.get("accuracy"), e.get("mean_at_k")) for e in r["evals"])
+    return (r.get("model"), r["seed"], evals, r.get("acr_raw"), r.get("generated_tokens"))
+
+
+def identical_cells(
+    exp: Experiment, done: dict, others: dict[str, list[dict]] | None = None
+) -> dict[str, str]:
+    """Cells whose every ok row equals (:func:`_fingerprint`) the same seed's row of an earlier
+    cell of this experiment, or of a cell of another experiment (``others``: name -> rows):
+    ``{cell id: "= <the other cell>"}``. Such an arm is the same computation (two presets that
+    coincide in this setting, or a grid that repeats another's runs); it is counted once."""
+    own: dict[str, dict[int, tuple]] = {}
+    for (cid, seed), r in done.items():
+        if r.get("status") == "ok" and r.get("evals"):
+            own.setdefault(cid, {})[seed] = _fingerprint(r)
+    elsewhere: dict[tuple, str] = {}
+    for name, rows in (others or {}).items():
+        for r in rows:
+            if r.get("status") == "ok" and r.get("evals") and r.get("cell_id"):
+                elsewhere.setdefault(_fingerprint(r), f"{name} {r['cell_id']}")
+    out, here = {}, {}
+    for cell in exp.cells:  # an earlier cell of this experiment first, then another experiment
+        prints = own.get(cell_id(cell), {})
+        for seen in (here, elsewhere):
+            matches = {seen.get(fp) for fp in prints.values()}
+            if prints and len(matches) == 1 and None not in matches:
+                out[cell_id(cell)] = "= " + matches.pop()
+                break
+        for fp in prints.values():
+            here.setdefault(fp, cell_id(cell))
     return out
 
 
@@ -45,53 +114,112 @@ class CellStats:
     versus: dict[str, Estimate]  # paired difference against the baseline cell, per figure
     seeds: list[int]
     failed: list[tuple[int, str]]
+    same_as: str | None = None  # identical_cells: counted once
+    holm_p: float | None = None  # the primary difference's p-value, Holm-adjusted
+    base_gain: float | None = None  # the baseline's mean primary gain over the paired seeds
+    notes: list[str] = field(default_factory=list)
 
 
-def aggregate(exp: Experiment, rows: list[dict], model: str | None = None) -> list[CellStats]:
-    """Per cell: each figure's estimate over the seeds with an ok row, and paired differences
-    against the baseline cell (the same cell with the baseline's axis values); with ``model``,
-    over the rows made from those weights only (:func:`rows_of`)."""
+def _with_derived(r: dict) -> dict:
+    """A row with ``gain_mean_at_k`` (final minus step-0 mean@k) added."""
+    if r.get("final_mean_at_k") is not None and r.get("start_mean_at_k") is not None:
+        return {**r, "gain_mean_at_k": r["final_mean_at_k"] - r["start_mean_at_k"]}
+    return r
+
+
+def aggregate(
+    exp: Experiment,
+    rows: list[dict],
+    model: str | None = None,
+    others: dict[str, list[dict]] | None = None,
+) -> list[CellStats]:
+    """Per cell: each figure's estimate over the seeds with an ok row, paired differences against
+    the baseline cell (the same cell with the baseline's axis values), the differences at equal
+    rollout tokens, and the primary difference's Holm-adjusted p-value over the experiment's
+    family of comparisons (every non-baseline cell, identical arms counted once); with
+    ``model``, over the rows made from those weights only (:func:`rows_of`)."""
     done = latest(rows_of(rows, model), exp)
-    ok = {key: r for key, r in done.items() if r.get("status") == "ok"}
-    # accuracy at equal rollout tokens, within each table group (and seed-independent budget)
-    groups: dict[str, list[tuple[str, int]]] = {}
-    for key in ok:
-        cell = ok[key]["cell"]
-        groups.setdefault(cell.get(exp.tables_by, "") if exp.tables_by else "", []).append(key)
-    for keys in groups.values():
-        for i, acc in equal_token_accuracy([ok[k] for k in keys]).items():
-            ok[keys[i]]["acc_at_equal_tokens"] = acc
+    ok = {key: _with_derived(r) for key, r in done.items() if r.get("status") == "ok"}
+    same = identical_cells(exp, done, others)
+    primary = primary_key(list(ok.values()))
+    gain_key = "gain_mean_at_k" if primary == "final_mean_at_k" else "gain"
     out = []
     for cell in exp.cells:
         cid = cell_id(cell)
-        mine = {seed: ok.get((cid, seed)) for seed in exp.seeds}
-        mine = {s: r for s, r in mine.items() if r is not None}
+        mine = {s: ok[(cid, s)] for s in exp.seeds if (cid, s) in ok}
         base_cell = {**cell, **exp.baseline}
-        base = {s: ok.get((cell_id(base_cell), s)) for s in exp.seeds}
-        base = {s: r for s, r in base.items() if r is not None}
-        figures, versus = {}, {}
-        for key, _, _ in FIGURES:
-            figures[key] = estimate([r.get(key) for r in mine.values()])
-            if exp.baseline and base_cell != cell:
+        base = {s: ok[(cell_id(base_cell), s)] for s in exp.seeds if (cell_id(base_cell), s) in ok}
+        figures = {key: estimate([r.get(key) for r in mine.values()]) for key, _, _ in FIGURES}
+        versus, base_gain = {}, None
+        if exp.baseline and base_cell != cell:
+            for key, _, _ in FIGURES:
                 versus[key] = paired(
                     {s: r.get(key) for s, r in mine.items()},
                     {s: r.get(key) for s, r in base.items()},
                 )
+            for k in ("mean_at_k", "accuracy"):
+                diffs = [
+                    equal_token_difference(r, base[s], k) for s, r in mine.items() if s in base
+                ]
+                versus[f"{k}_at_equal_tokens"] = estimate(diffs)
+            gains = [base[s].get(gain_key) for s in mine if s in base]
+            base_gain = estimate(gains).mean
         failed = [
             (s, done[(cid, s)].get("error", "")[:200])
             for s in exp.seeds
             if (cid, s) in done and done[(cid, s)].get("status") != "ok"
         ]
-        out.append(CellStats(cell, figures, versus, sorted(mine), failed))
+        out.append(CellStats(cell, figures, versus, sorted(mine), failed, same.get(cid),
+                             base_gain=base_gain))  # fmt: skip
+    family = [
+        c for c in out
+        if c.versus.get(primary) and c.versus[primary].p is not None
+        and not (c.same_as and _same_inside(c.same_as, exp))
+    ]  # fmt: skip
+    for c, p in zip(family, holm([c.versus[primary].p for c in family]), strict=True):
+        c.holm_p = p
     return out
 
 
-def _fmt(e: Estimate | None, scale: float) -> str:
+def _same_inside(same_as: str, exp: Experiment) -> bool:
+    """Whether ``same_as`` (``"= <cell>"``) names a cell of this experiment (counted already)."""
+    return same_as.removeprefix("= ") in {cell_id(c) for c in exp.cells}
+
+
+def _fmt(e: Estimate | None, scale: float, signed: bool = False) -> str:
     if e is None or e.mean is None:
         return "n/a"
     digits = 1 if scale != 1.0 or abs(e.mean) >= 10 else 3  # seconds, tokens: 1; fractions: 3
-    out = f"{e.mean * scale:.{digits}f}"
+    sign = "+" if signed else ""
+    out = f"{e.mean * scale:{sign}.{digits}f}"
     return out + (f" +- {e.ci * scale:.{digits}f}" if e.ci is not None else "")
+
+
+def _points(e: Estimate | None) -> str:
+    """A fraction's paired difference in points: ``"+0.5 +- 0.9"``."""
+    if e is None or e.mean is None:
+        return "n/a"
+    out = f"{100 * e.mean:+.1f}"
+    return out + (f" +- {100 * e.ci:.1f}" if e.ci is not None else "")
+
+
+def _share(e: Estimate | None, base_gain: float | None) -> str:
+    """The difference as a share of the baseline's own gain: ``"+6% (-28..+40%)"``."""
+    if e is None or e.mean is None or base_gain is None:
+        return "n/a"
+    if base_gain <= 0:
+        return "n/a (baseline gained <= 0)"
+    out = f"{100 * e.mean / base_gain:+.0f}%"
+    if e.ci is not None:
+        lo, hi = (e.mean - e.ci) / base_gain, (e.mean + e.ci) / base_gain
+        out += f" ({100 * lo:+.0f}..{100 * hi:+.0f}%)"
+    return out
+
+
+def _holm(c: CellStats) -> str:
+    if c.holm_p is None:
+        return "(counted once)" if c.same_as and c.versus else "n/a"
+    return f"{c.holm_p:.3f}" + (" (differs)" if c.holm_p < 0.05 else "")
 
 
 def shown_path(p: Path) -> str:
@@ -99,8 +227,19 @@ def shown_path(p: Path) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
+def other_results(exp: Experiment) -> dict[str, list[dict]]:
+    """The rows of the other experiments whose results files sit beside this one's."""
+    folder = exp.results.parent
+    if not folder.is_dir():
+        return {}
+    return {p.stem: read_rows(p) for p in sorted(folder.glob("*.jsonl")) if p != exp.results}
+
+
 def report_markdown(
-    exp: Experiment, rows: list[dict], plots: dict[str | None, list[Path]] | None = None
+    exp: Experiment,
+    rows: list[dict],
+    plots: dict[str | None, list[Path]] | None = None,
+    others: dict[str, list[dict]] | None = None,
 ) -> str:
     """The experiment's section of RESULTS.md: what was run, then per model weights the rows
     were made from (:func:`models_of`; one block unless the grid ran on CPUs that build different
@@ -111,14 +250,20 @@ def report_markdown(
         "",
         exp.description,
         "",
-        "Figures: mean +- 95% CI half-width (Student t over seeds; none for one seed). Rerun or "
+        "Figures: mean +- 95% CI half-width (Student t over seeds; none for one seed). Differences "
+        "are paired per seed against the baseline cell, in points; the primary one (final mean@k "
+        "at T = 1, or greedy accuracy where the rows have no mean@k) also as a share of the "
+        "baseline's own gain, with its paired t-test p-value Holm-adjusted over every "
+        "comparison of the experiment (identical arms counted once). 'At equal tokens': both "
+        "runs' curves interpolated at the smaller of their two rollout-token totals. Rerun or "
         f"continue: `python -m launch.reproduce {shown_path(exp.path)}`; rows: "
         f"`{shown_path(exp.results)}`. Rows are kept apart by the model weights they started "
         "from (`model` in a row): the tiny model's warm start depends on the CPU.",
         "",
     ]
     for model in models_of(exp, rows):
-        lines += model_block(exp, rows_of(rows, model), model, plots.get(model, []))
+        block = rows_of(rows, model)
+        lines += model_block(exp, block, model, plots.get(model, []), others)
     lines += ["<details><summary>The command of every cell (add trainer.seed=S)</summary>", ""]
     for cell in exp.cells:
         cmd = command(exp, cell, 0).removesuffix(" trainer.seed=0")
@@ -127,9 +272,25 @@ def report_markdown(
     return "\n".join(lines)
 
 
-def model_block(exp: Experiment, rows: list[dict], model: str | None, plots: list[Path]) -> list:
-    """The tables, fit, failures and plots of the rows of one model's weights."""
-    stats = aggregate(exp, rows)
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + " --- |" * len(header),
+        *("| " + " | ".join(r) + " |" for r in body),
+        "",
+    ]
+
+
+def model_block(
+    exp: Experiment,
+    rows: list[dict],
+    model: str | None,
+    plots: list[Path],
+    others: dict[str, list[dict]] | None = None,
+) -> list:
+    """The tables, fit, failures and plots of the rows of one model's weights: per table group
+    an outcome table (the primary endpoint first) and a collapse-and-cost table."""
+    stats = aggregate(exp, rows, others=others)
     done = latest(rows, exp)
     n_ok = sum(r.get("status") == "ok" for r in done.values())
     total = len(exp.cells) * len(exp.seeds)
@@ -139,30 +300,23 @@ def model_block(exp: Experiment, rows: list[dict], model: str | None, plots: lis
         f"{total} runs ({n_ok} ok)",
         "",
     ]
-    shown = [k for k, _, _ in FIGURES if k != "final_mean_at_k"]  # pass@k speaks for it
+    primary = primary_key(list(done.values()))
     heads = {k: (h, sc) for k, h, sc in FIGURES}
     group_values = list(exp.axes[exp.tables_by]) if exp.tables_by else [None]
+    axes = [a for a in exp.axes if a != exp.tables_by]
+    vs = " / ".join(f"{exp.baseline[a]}" for a in exp.baseline if a != exp.tables_by) or "baseline"
     for value in group_values:
         part = [c for c in stats if value is None or c.cell[exp.tables_by] == value]
         if value is not None:
             lines += [f"**{exp.tables_by} = {value}**", ""]
-        axes = [a for a in exp.axes if a != exp.tables_by]
-        vs = " / ".join(f"{exp.baseline[a]}" for a in exp.baseline if a != exp.tables_by)
-        header = [*axes, "seeds", *(heads[k][0] for k in shown)]
-        if exp.baseline:
-            header.insert(len(axes) + 2, f"final acc - {vs} (paired)")
-        lines.append("| " + " | ".join(header) + " |")
-        lines.append("|" + " --- |" * len(header))
-        for c in part:
-            cells = [c.cell[a] for a in axes] + [str(len(c.seeds))]
-            cells += [_fmt(c.figures[k], heads[k][1]) for k in shown[:1]]
-            if exp.baseline:
-                cells.append(
-                    _fmt(c.versus.get("final_accuracy"), 1.0) if c.versus else "(baseline)"
-                )
-            cells += [_fmt(c.figures[k], heads[k][1]) for k in shown[1:]]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += _table(*outcome_table(exp, part, axes, primary, vs, heads))
+        cost = ["acr_raw", "acr_effective", "acr_low", "acr_high", "early_acr",
+                "generated_tokens", "grad_tokens", "wall_s"]  # fmt: skip
+        body = [
+            [*(c.cell[a] for a in axes), *(_fmt(c.figures[k], heads[k][1]) for k in cost)]
+            for c in part
+        ]
+        lines += _table([*axes, *(heads[k][0] for k in cost)], body)
     for i, one in enumerate(exp.fits):
         lines += fit_markdown(exp, rows, one, paper=i == 0)
     failed = [(c, s, e) for c in stats for s, e in c.failed]
@@ -176,35 +330,87 @@ def model_block(exp: Experiment, rows: list[dict], model: str | None, plots: lis
     return lines
 
 
-def fit_points(exp: Experiment, rows: list[dict], spec: dict) -> list[tuple[float, float]]:
-    x, y = spec["x"], spec["y"]
+def outcome_table(exp, part, axes, primary, vs, heads) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the outcome table: the primary endpoint and its gain, its paired
+    difference (in points, as a share of the baseline's gain, Holm), the same at equal tokens,
+    then greedy accuracy (or mean@k when greedy is primary), pass@k, and which arm an arm is
+    identical to (when one is)."""
+    curve = "mean_at_k" if primary == "final_mean_at_k" else "accuracy"
+    other = "final_accuracy" if primary == "final_mean_at_k" else "final_mean_at_k"
+    gain = "gain_mean_at_k" if primary == "final_mean_at_k" else "gain"
+    header = [*axes, "seeds", heads[primary][0], heads[gain][0]]
+    if exp.baseline:
+        header += [f"minus {vs} (points, paired)", f"share of {vs}'s gain", "Holm p",
+                   "minus it at equal tokens (points)"]  # fmt: skip
+    header += [heads[other][0]] + ([f"minus {vs} (points)"] if exp.baseline else [])
+    header.append(heads["final_pass_at_k"][0])
+    same = any(c.same_as for c in part)
+    header += ["identical to"] if same else []
+    body = []
+    for c in part:
+        r = [*(c.cell[a] for a in axes), str(len(c.seeds))]
+        r += [_fmt(c.figures[primary], 1.0), _fmt(c.figures[gain], 1.0)]
+        base = not c.versus
+        if exp.baseline and base:
+            r += ["(baseline)"] * 4
+        elif exp.baseline:
+            r += [
+                _points(c.versus[primary]),
+                _share(c.versus[primary], c.base_gain),
+                _holm(c),
+                _points(c.versus[f"{curve}_at_equal_tokens"]),
+            ]
+        r.append(_fmt(c.figures[other], 1.0))
+        if exp.baseline:
+            r.append("(baseline)" if base else _points(c.versus[other]))
+        r.append(_fmt(c.figures["final_pass_at_k"], 1.0))
+        r += [(c.same_as or "").removeprefix("= ")] if same else []
+        body.append(r)
+    return header, body
+
+
+def fit_points(exp: Experiment, rows: list[dict], spec: dict) -> list[tuple[float, ...]]:
+    """``(x, y)`` of every ok row that has both (``(x, y, base)`` when ``spec`` names a
+    ``base`` key too)."""
+    keys = [spec["x"], spec["y"], *([spec["base"]] if "base" in spec else [])]
     pts = []
     for r in latest(rows, exp).values():
-        if r.get("status") == "ok" and r.get(x) is not None and r.get(y) is not None:
-            pts.append((float(r[x]), float(r[y])))
+        if r.get("status") == "ok" and all(r.get(k) is not None for k in keys):
+            pts.append(tuple(float(r[k]) for k in keys))
     return pts
 
 
 def fit_markdown(exp: Experiment, rows: list[dict], spec: dict, paper: bool = True) -> list[str]:
     """The fitted line (accuracy in %, as the paper) over every ok row, beside the paper's
-    (``paper``: the first fit, the paper's predictor)."""
+    (``paper``: the first fit, the paper's predictor), and what the predictor adds given the
+    starting accuracy (:func:`added_r2`): a final accuracy is mostly where the run started, so a
+    predictor's own R^2 says little about what it adds."""
     pts = fit_points(exp, rows, spec)
     x, y = spec["x"], spec["y"]
     if len(pts) < 3 or len({p[0] for p in pts}) < 2:
         return [f"Fit of {y} on {x}: too few distinct points ({len(pts)}).", ""]
     f = fit([p[0] for p in pts], [100 * p[1] for p in pts])
-    return [
+    text = (
         f"Fit over {f.n} runs: {y} (%) = {f.intercept:.1f} {'-' if f.slope < 0 else '+'} "
         f"{abs(f.slope):.1f} x {x}, R^2 = {f.r2:.3f}; 95% band half-width at the mean "
         f"{x} ({f.mean_x:.2f}): {f.band(f.mean_x):.1f} points."
-        + (f" The paper: {PAPER_LINE}, over 245 runs of Qwen2.5 models on MATH." if paper else ""),
-        "",
-    ]
+    )
+    trio = fit_points(exp, rows, {"x": x, "y": y, "base": "start_accuracy"})
+    if y != "start_accuracy" and len(trio) >= 4 and len({t[2] for t in trio}) >= 2:
+        a = added_r2([t[2] for t in trio], [t[0] for t in trio], [t[1] for t in trio])
+        text += (
+            f" Given the starting accuracy (R^2 {a.r2_base:.3f} alone), {x} adds R^2 "
+            f"{a.added:.3f} (to {a.r2_full:.3f}; partial F-test p = {a.p:.3g}, coefficient "
+            f"{100 * a.coef:+.1f} points per unit of {x})."
+        )
+    if paper:
+        text += f" The paper: {PAPER_LINE}, over 245 runs of Qwen2.5 models on MATH."
+    return [text, ""]
 
 
 def write_plots(exp: Experiment, rows: list[dict], folder: Path, suffix: str = "") -> list[Path]:
-    """Final accuracy per cell with 95% CI bars (one panel per table group); the fit's scatter,
-    line, band and the paper's line. Returns the files written."""
+    """The primary endpoint per cell with 95% CI bars (one panel per table group); the fit's
+    scatter, line, band and the paper's line. Returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,21 +418,23 @@ def write_plots(exp: Experiment, rows: list[dict], folder: Path, suffix: str = "
 
     folder.mkdir(parents=True, exist_ok=True)
     stats = aggregate(exp, rows)
+    primary = primary_key(list(latest(rows, exp).values()))
+    label = {"final_mean_at_k": "final mean@k, T = 1", "final_accuracy": "final greedy accuracy"}
     written = []
     values = list(exp.axes[exp.tables_by]) if exp.tables_by else [None]
     fig, axes = plt.subplots(1, len(values), figsize=(4 + 2.2 * len(values), 4), squeeze=False)
     for ax, value in zip(axes[0], values, strict=True):
         part = [c for c in stats if value is None or c.cell[exp.tables_by] == value]
         names = [",".join(v for a, v in c.cell.items() if a != exp.tables_by) for c in part]
-        means = [c.figures["final_accuracy"].mean for c in part]
-        cis = [c.figures["final_accuracy"].ci or 0.0 for c in part]
+        means = [c.figures[primary].mean for c in part]
+        cis = [c.figures[primary].ci or 0.0 for c in part]
         xs = range(len(part))
         ax.errorbar(xs, [m if m is not None else math.nan for m in means], yerr=cis, fmt="o")
         ax.set_xticks(list(xs), names, rotation=60, ha="right", fontsize=7)
         ax.set_title(f"{exp.tables_by} = {value}" if value is not None else exp.name, fontsize=9)
-        ax.set_ylabel("final greedy accuracy (95% CI)")
+        ax.set_ylabel(f"{label[primary]} (95% CI)")
     fig.tight_layout()
-    path = folder / f"{exp.name}_final_accuracy{suffix}.png"
+    path = folder / f"{exp.name}_{primary}{suffix}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
@@ -270,7 +478,7 @@ def write_report(exp: Experiment) -> Path:
             suffix = f"_{model}" if i else ""
             plots[model] = write_plots(exp, rows_of(rows, model), exp.results.parent, suffix)
     begin, end = f"<!-- reproduce:{exp.name} begin -->", f"<!-- reproduce:{exp.name} end -->"
-    section = f"{begin}\n{report_markdown(exp, rows, plots)}{end}"
+    section = f"{begin}\n{report_markdown(exp, rows, plots, other_results(exp))}{end}"
     text = exp.report.read_text() if exp.report.exists() else "# Results\n"
     if begin in text and end in text:
         head, rest = text.split(begin, 1)

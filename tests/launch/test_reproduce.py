@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from launch.aggregate import aggregate, equal_token_accuracy, write_report
+from launch.aggregate import (
+    aggregate,
+    at_tokens,
+    equal_token_difference,
+    fit_markdown,
+    identical_cells,
+    write_report,
+)
 from launch.experiments import ExperimentError, cell_id, load_experiment
 from launch.grid import append_row, command, pending, read_rows
 from tests.conftest import fast_tiny_overrides
@@ -88,41 +95,115 @@ def test_aggregate_means_intervals_and_paired_differences(tmp_path):
         {**row(exp, "avspo", 2, 0.99), "status": "failed", "error": "boom"},  # the latest row wins
     ]
     grpo, avspo = aggregate(exp, rows)
-    # grpo: mean 0.5, sd 0.1, ci = t(2) 4.303 * 0.1 / sqrt(3) = 0.248434
+    # grpo: mean 0.5, sd 0.1, ci = t(2) 4.302653 * 0.1 / sqrt(3) = 0.248414
     g = grpo.figures["final_accuracy"]
-    assert (g.n, round(g.mean, 9), round(g.sd, 9), round(g.ci, 5)) == (3, 0.5, 0.1, 0.24843)
+    assert (g.n, round(g.mean, 9), round(g.sd, 9), round(g.ci, 5)) == (3, 0.5, 0.1, 0.24841)
     assert grpo.versus == {}  # the baseline itself
     # avspo seed 2 failed last: seeds 0, 1 -> mean 0.525, sd = 0.075 * sqrt(2) = 0.106066,
-    # ci = t(1) 12.706 * 0.106066 / sqrt(2) = 0.952950
+    # ci = t(1) 12.706205 * 0.106066 / sqrt(2) = 0.952965
     a = avspo.figures["final_accuracy"]
-    assert (a.n, round(a.mean, 9), round(a.sd, 6), round(a.ci, 5)) == (2, 0.525, 0.106066, 0.95295)
+    assert (a.n, round(a.mean, 9), round(a.sd, 6), round(a.ci, 5)) == (2, 0.525, 0.106066, 0.95297)
     assert avspo.failed == [(2, "boom")]
-    # paired: seed 0 +0.05, seed 1 +0.10 -> mean 0.075, sd 0.035355, ci 12.706 * 0.025 = 0.31765
+    # paired: seed 0 +0.05, seed 1 +0.10 -> mean 0.075, sd 0.035355, ci 12.706205 * 0.025
+    # = 0.317655; t = 0.075 / 0.025 = 3 on 1 dof: p = 1 - 2 atan(3) / pi = 0.204833
     d = avspo.versus["final_accuracy"]
-    assert (d.n, round(d.mean, 9), round(d.ci, 5)) == (2, 0.075, 0.31765)
+    assert (d.n, round(d.mean, 9), round(d.ci, 5), round(d.p, 5)) == (2, 0.075, 0.31766, 0.20483)
+    # greedy accuracy is the primary endpoint here (no row has mean@k): its p is Holm's over a
+    # family of one comparison, unchanged
+    assert avspo.holm_p == d.p
 
 
-def test_accuracy_at_equal_rollout_tokens():
-    # budget = the smallest total (150): the first run's last eval within 150 tokens is at
-    # step 1 (100 tokens, acc 0.3); the second's whole run fits (0.5)
-    rows = [
-        {
-            "generated_tokens": 200,
-            "evals": [
-                {"step": 0, "accuracy": 0.1, "generated_tokens": 0},
-                {"step": 1, "accuracy": 0.3, "generated_tokens": 100},
-                {"step": 2, "accuracy": 0.9, "generated_tokens": 200},
-            ],
-        },
-        {
-            "generated_tokens": 150,
-            "evals": [
-                {"step": 0, "accuracy": 0.1, "generated_tokens": 0},
-                {"step": 2, "accuracy": 0.5, "generated_tokens": 150},
-            ],
-        },
+def test_differences_at_equal_rollout_tokens_interpolate_both_curves():
+    # the arm generated 200 tokens, the baseline 150: both read at 150 tokens. The arm's curve
+    # (0, 0.1) (100, 0.3) (200, 0.9) at 150 is 0.3 + 0.5 * 0.6 = 0.6; the baseline's last point
+    # is at 150 (0.5): +0.1. The old reading took the arm's last evaluation within 150 tokens
+    # (0.3 at 100 tokens) and called it "at equal tokens".
+    arm = {
+        "generated_tokens": 200,
+        "evals": [
+            {"step": 0, "accuracy": 0.1, "generated_tokens": 0},
+            {"step": 1, "accuracy": 0.3, "generated_tokens": 100},
+            {"step": 2, "accuracy": 0.9, "generated_tokens": 200},
+        ],
+    }
+    base = {
+        "generated_tokens": 150,
+        "evals": [
+            {"step": 0, "accuracy": 0.1, "generated_tokens": 0},
+            {"step": 2, "accuracy": 0.5, "generated_tokens": 150},
+        ],
+    }
+    assert round(at_tokens(arm, 150, "accuracy"), 9) == 0.6
+    assert round(equal_token_difference(arm, base, "accuracy"), 9) == 0.1
+    assert round(equal_token_difference(base, arm, "accuracy"), 9) == -0.1  # symmetric
+    assert at_tokens(arm, 250, "accuracy") is None  # beyond the curve: no extrapolation
+    assert equal_token_difference(arm, base, "mean_at_k") is None  # no such curve
+
+
+def _evals_row(exp, method, seed, mean_at_k, start=0.2, tokens=100.0, **kw):
+    """A row with a two-point mean@k curve (step 0 at ``start``, the end at ``mean_at_k``)."""
+    evals = [
+        {"step": 0, "accuracy": 0.3, "mean_at_k": start, "generated_tokens": 0.0},
+        {"step": 4, "accuracy": 0.3, "mean_at_k": mean_at_k, "generated_tokens": tokens},
     ]
-    assert equal_token_accuracy(rows) == {0: 0.3, 1: 0.5}
+    return row(exp, method, seed, 0.3, tokens, evals=evals, final_mean_at_k=mean_at_k,
+               start_mean_at_k=start, **kw)  # fmt: skip
+
+
+def test_mean_at_k_is_primary_holm_counts_identical_arms_once_and_shares_the_gain(tmp_path):
+    axes = {"method": {m: [f"algorithm={m}"] for m in ("grpo", "a", "b", "c")}}
+    exp = load_experiment(str(experiment_file(tmp_path, axes=axes)))
+    rows = []
+    for s in range(3):
+        rows.append(_evals_row(exp, "grpo", s, 0.30 + 0.01 * s))  # gains 0.10, 0.11, 0.12
+        rows.append(_evals_row(exp, "a", s, 0.35 + 0.01 * s + 0.001 * s * s))  # +0.05..+0.054
+        rows.append(_evals_row(exp, "b", s, 0.30 + 0.02 * s))  # 0, +0.01, +0.02
+        rows.append(_evals_row(exp, "c", s, 0.35 + 0.01 * s + 0.001 * s * s))  # = a exactly
+    grpo, a, b, c = aggregate(exp, rows)
+    assert c.same_as == "= method=a" and a.same_as is None
+    # the family is {a, b} (c counted once, as a): Holm multiplies the smaller p by 2, the larger
+    # by 1, keeping them monotone
+    pa, pb = a.versus["final_mean_at_k"].p, b.versus["final_mean_at_k"].p
+    assert pa < pb
+    assert (round(a.holm_p, 12), round(b.holm_p, 12)) == (
+        round(min(1.0, 2 * pa), 12), round(max(min(1.0, 2 * pa), pb), 12))  # fmt: skip
+    assert c.holm_p is None
+    # b's paired differences 0, 0.01, 0.02: mean 0.01; grpo's mean gain 0.11: share 9%
+    assert round(b.versus["final_mean_at_k"].mean, 9) == 0.01 and round(b.base_gain, 9) == 0.11
+    exp.results.parent.mkdir(parents=True)
+    exp.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = write_report(exp).read_text()
+    # b: 0.30, 0.32, 0.34 -> 0.320, gain 0.120; differences 0, 0.01, 0.02: sd 0.01, ci
+    # 4.302653 * 0.01 / sqrt(3) = 0.0248 -> "+1.0 +- 2.5" points, 1 / 11 = 9% of grpo's gain
+    assert "| b | 3 | 0.320 +- 0.050 | 0.120 +- 0.050 | +1.0 +- 2.5 | +9% (-13..+32%) |" in text
+    assert "(counted once)" in text and "| method=a |" in text
+
+
+def test_identical_cells_across_experiments(tmp_path):
+    exp = load_experiment(str(experiment_file(tmp_path)))
+    mine = {("method=grpo", s): _evals_row(exp, "grpo", s, 0.3 + 0.01 * s) for s in range(2)}
+    mine[("method=avspo", 0)] = _evals_row(exp, "avspo", 0, 0.4)
+    other = [{**r, "cell_id": "method=grpo,level=L3"} for r in mine.values()][:2]
+    got = identical_cells(exp, mine, {"e1": other})
+    assert got == {"method=grpo": "= e1 method=grpo,level=L3"}
+    # one seed that differs: not identical
+    other[1] = {**other[1], "acr_raw": 0.5}
+    assert identical_cells(exp, mine, {"e1": other}) == {}
+
+
+def test_a_fit_reports_what_the_predictor_adds_to_the_starting_accuracy(tmp_path):
+    """final = start + 0.1 * x (x not a function of start): x's own line explains little, but
+    given the start it explains the rest (added R^2 = 1 - R^2 of the start alone)."""
+    exp = load_experiment(str(experiment_file(tmp_path, baseline={})))
+    xs, starts = [0.1, 0.5, 0.2, 0.9, 0.4, 0.7], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    rows = [
+        row(exp, "grpo", s, st + 0.1 * x, early_acr=x, start_accuracy=st)
+        for s, (x, st) in enumerate(zip(xs, starts, strict=True))
+    ]
+    exp.seeds = list(range(6))
+    text = fit_markdown(exp, rows, {"x": "early_acr", "y": "final_accuracy"}, paper=False)[0]
+    assert "Given the starting accuracy (R^2 " in text and "(to 1.000;" in text
+    assert "coefficient +10.0 points per unit of early_acr" in text
 
 
 def test_pending_skips_rows_and_failed_runs_unless_retried(tmp_path):
@@ -156,9 +237,10 @@ def test_the_report_section_is_replaced_between_its_markers(tmp_path):
     write_report(exp)
     text = exp.report.read_text()
     assert text.count("<!-- reproduce:demo begin -->") == 1
-    assert "| grpo | 3 | 0.500 +- 0.248 | (baseline) |" in text
-    # avspo has one seed (0.5) paired with grpo's seed 0 (0.4): +0.100, no interval
-    assert "| avspo | 1 | 0.500 | 0.100 |" in text
+    # no row has mean@k: greedy accuracy is the primary endpoint
+    assert "| grpo | 3 | 0.500 +- 0.248 | n/a | (baseline) |" in text
+    # avspo has one seed (0.5) paired with grpo's seed 0 (0.4): +10.0 points, no interval
+    assert "| avspo | 1 | 0.500 | n/a | +10.0 |" in text
     assert (exp.results.parent / "demo_final_accuracy.png").read_bytes()[:4] == b"\x89PNG"
     (exp.report).write_text(text + "\nhand-written after\n")
     write_report(exp)
