@@ -70,7 +70,8 @@ def _load(path: str, progress: bool, **kwargs) -> list[dict]:
     progress bars for downloads, not for a local file's conversion to the library's cache."""
     import datasets
 
-    datasets.logging.set_verbosity_error()  # its own "Failed to load JSON" lines: ours say it
+    # its own "Failed to load JSON" lines are logged at ERROR before it raises: ours say it, once
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     if not progress:
         datasets.disable_progress_bars()
     try:

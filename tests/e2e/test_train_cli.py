@@ -208,25 +208,44 @@ def test_smollm2_cpu_experiment_one_step(tmp_path):
     assert 0.0 <= got[1]["eval/accuracy"] <= 1.0 and "eval/pass@2" in got[1]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", ["missing", "not_object", "empty", "bad_row"])
-def test_bad_data_exits_2_naming_file_and_row_before_any_actor(tmp_path, tiny_model_dir, case):
+BAD_DATA = {  # file content (None: no file) -> the one line the run ends with
+    "missing": (None, "no such file"),
+    "not_object": ('{"question": "1+1=", "answer": "#### 2"}\n[1, 2]\n',
+                   "row 2: expected an object, got list"),
+    "empty": ("", "empty (no rows)"),
+    "bad_row": ('{"question": "1+1=", "answer": "#### 2"}\n{"question": "2+2="}\n',
+                "row 2: missing column 'answer'"),
+}  # fmt: skip
+
+
+def _bad_data_file(tmp_path: Path, case: str) -> tuple[Path, Path, str]:
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"question": "1+1=", "answer": "#### 2"}) + "\n")
     bad = tmp_path / f"{case}.jsonl"
-    content = {
-        "not_object": good.read_text() + "[1, 2]\n",
-        "empty": "",
-        "bad_row": good.read_text() + '{"question": "2+2="}\n',
-    }
-    if case in content:
-        bad.write_text(content[case])
-    want = {
-        "missing": f"data error: {bad}: no such file",
-        "not_object": f"data error: {bad}: row 2: expected an object, got list",
-        "empty": f"data error: {bad}: empty (no rows)",
-        "bad_row": f"data error: {bad}: row 2: missing column 'answer'",
-    }[case]
+    content, reason = BAD_DATA[case]
+    if content is not None:
+        bad.write_text(content)
+    return good, bad, f"data error: {bad}: {reason}"
+
+
+@pytest.mark.parametrize("case", ["missing", "not_object", "empty"])
+def test_bad_data_exits_2_naming_file_and_row(tmp_path, case, capsys):
+    """The check the run makes before any actor (``launch.train.validate``, the code the run's
+    own data read goes through): one line naming the file, the row and the reason, exit 2. The
+    run itself, in a subprocess, is the next test."""
+    from launch.train import validate
+
+    good, bad, want = _bad_data_file(tmp_path, case)
+    with pytest.raises(SystemExit) as exc:
+        validate(["task=gsm8k", f"task.train_file={bad}", f"task.test_file={good}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(want), err
+
+
+@pytest.mark.slow
+def test_a_bad_data_row_stops_the_run_with_exit_2_before_any_actor(tmp_path, tiny_model_dir):
+    good, bad, want = _bad_data_file(tmp_path, "bad_row")
     out = subprocess.run(
         train_cmd(tmp_path / "run", *fast_tiny_overrides(tiny_model_dir), "task=gsm8k",
                   f"task.train_file={bad}", f"task.test_file={good}"),
