@@ -4,7 +4,8 @@ a baseline with their t-test p-values, the Holm adjustment over a family of comp
 line's 95% confidence band, and the R^2 one predictor adds to another.
 
 The quantiles, tests and regressions come from scipy.stats and statsmodels, not from formulas
-written here; what is written here is only which of them a figure uses. No Ray, vLLM, DeepSpeed
+written here; what is written here is only which of them a figure uses. Both are imported where
+they are used (a run's report imports this module for the paper's line). No Ray, vLLM, DeepSpeed
 or torch.
 """
 
@@ -14,7 +15,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
 
 
 def t975(df: int) -> float:
@@ -28,6 +28,8 @@ def t975(df: int) -> float:
     """
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    from scipy import stats as sps
+
     return float(sps.t.ppf(0.975, df))
 
 
@@ -72,6 +74,8 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     xs, ys = _finite(xs, ys, "a line")
     if max(ys) == min(ys):
         return ys[0], 0.0, math.nan
+    from scipy import stats as sps
+
     res = sps.linregress(xs, ys)
     return float(res.intercept), float(res.slope), float(res.rvalue) ** 2
 
@@ -118,6 +122,8 @@ def estimate(values: list[float | None]) -> Estimate:
     if n == 1:
         return Estimate(1, mean, None, None)
     sd = float(np.std(xs, ddof=1))
+    from scipy import stats as sps
+
     p = float(sps.ttest_1samp(xs, 0.0).pvalue) if sd > 0 else None
     return Estimate(n, mean, sd, t975(n - 1) * sd / math.sqrt(n), p)
 
