@@ -41,17 +41,6 @@ PAPER_LINE = (
 )
 
 
-def _finite(xs: list[float], ys: list[float], what: str) -> tuple[list[float], list[float]]:
-    if len(xs) != len(ys) or len(xs) < 2:
-        raise ValueError(f"{what} needs >= 2 (x, y) pairs, got {len(xs)} x and {len(ys)} y")
-    xs, ys = [float(x) for x in xs], [float(y) for y in ys]
-    if not all(math.isfinite(v) for v in xs + ys):
-        raise ValueError(f"{what} needs finite values")
-    if max(xs) == min(xs):
-        raise ValueError(f"all x values equal {xs[0]}: no line (and no R^2) is determined")
-    return xs, ys
-
-
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     """Least-squares line ``y = intercept + slope * x`` and its R^2: ``(intercept, slope, r2)``
     (``scipy.stats.linregress``). R^2 is nan when all y are equal (nothing to explain). Raises
@@ -71,7 +60,13 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     >>> round(a, 9), round(b, 9), round(r2, 9) == round(81 / 95, 9)
     (0.9, 0.9, True)
     """
-    xs, ys = _finite(xs, ys, "a line")
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError(f"a line needs >= 2 (x, y) pairs, got {len(xs)} x and {len(ys)} y")
+    xs, ys = [float(x) for x in xs], [float(y) for y in ys]
+    if not all(math.isfinite(v) for v in xs + ys):
+        raise ValueError("fit_line needs finite values")
+    if max(xs) == min(xs):
+        raise ValueError(f"all x values equal {xs[0]}: no line (and no R^2) is determined")
     if max(ys) == min(ys):
         return ys[0], 0.0, math.nan
     from scipy import stats as sps

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +32,18 @@ from launch.grid import command, latest, models_of, read_rows, rows_of
 # --- the aggregate --------------------------------------------------------------------------
 
 
+# the primary endpoint -> (its curve in a row's evals, its gain, the endpoint shown beside it)
+ENDPOINTS = {
+    "final_mean_at_k": ("mean_at_k", "gain_mean_at_k", "final_accuracy"),
+    "final_accuracy": ("accuracy", "gain", "final_mean_at_k"),
+}
+
+
 def primary_key(rows: list[dict]) -> str:
     """``final_mean_at_k`` when any ok row has it, else ``final_accuracy`` (greedy)."""
     ok = [r for r in rows if r.get("status") == "ok"]
-    return (
-        "final_mean_at_k"
-        if any(r.get("final_mean_at_k") is not None for r in ok)
-        else ("final_accuracy")
-    )
+    has_mean_at_k = any(r.get("final_mean_at_k") is not None for r in ok)
+    return "final_mean_at_k" if has_mean_at_k else "final_accuracy"
 
 
 def at_tokens(row: dict, tokens: float, key: str) -> float | None:
@@ -83,8 +87,9 @@ def identical_cells(
 ) -> dict[str, str]:
     """Cells whose every ok row equals (:func:`_fingerprint`) the same seed's row of an earlier
     cell of this experiment, or of a cell of another experiment (``others``: name -> rows):
-    ``{cell id: "= <the other cell>"}``. Such an arm is the same computation (two presets that
-    coincide in this setting, or a grid that repeats another's runs); it is counted once."""
+    ``{cell id: the other cell}`` (``"<experiment> <cell id>"`` for another experiment's). Such
+    an arm is the same computation (two presets that coincide in this setting, or a grid that
+    repeats another's runs); it is counted once."""
     own: dict[str, dict[int, tuple]] = {}
     for (cid, seed), r in done.items():
         if r.get("status") == "ok" and r.get("evals"):
@@ -100,7 +105,7 @@ def identical_cells(
         for seen in (here, elsewhere):
             matches = {seen.get(fp) for fp in prints.values()}
             if prints and len(matches) == 1 and None not in matches:
-                out[cell_id(cell)] = "= " + matches.pop()
+                out[cell_id(cell)] = matches.pop()
                 break
         for fp in prints.values():
             here.setdefault(fp, cell_id(cell))
@@ -117,7 +122,6 @@ class CellStats:
     same_as: str | None = None  # identical_cells: counted once
     holm_p: float | None = None  # the primary difference's p-value, Holm-adjusted
     base_gain: float | None = None  # the baseline's mean primary gain over the paired seeds
-    notes: list[str] = field(default_factory=list)
 
 
 def _with_derived(r: dict) -> dict:
@@ -142,7 +146,7 @@ def aggregate(
     ok = {key: _with_derived(r) for key, r in done.items() if r.get("status") == "ok"}
     same = identical_cells(exp, done, others)
     primary = primary_key(list(ok.values()))
-    gain_key = "gain_mean_at_k" if primary == "final_mean_at_k" else "gain"
+    _, gain_key, _ = ENDPOINTS[primary]
     out = []
     for cell in exp.cells:
         cid = cell_id(cell)
@@ -171,27 +175,22 @@ def aggregate(
         ]
         out.append(CellStats(cell, figures, versus, sorted(mine), failed, same.get(cid),
                              base_gain=base_gain))  # fmt: skip
+    own_cells = {cell_id(c) for c in exp.cells}  # an arm identical to one of them is counted
     family = [
         c for c in out
         if c.versus.get(primary) and c.versus[primary].p is not None
-        and not (c.same_as and _same_inside(c.same_as, exp))
+        and c.same_as not in own_cells
     ]  # fmt: skip
     for c, p in zip(family, holm([c.versus[primary].p for c in family]), strict=True):
         c.holm_p = p
     return out
 
 
-def _same_inside(same_as: str, exp: Experiment) -> bool:
-    """Whether ``same_as`` (``"= <cell>"``) names a cell of this experiment (counted already)."""
-    return same_as.removeprefix("= ") in {cell_id(c) for c in exp.cells}
-
-
-def _fmt(e: Estimate | None, scale: float, signed: bool = False) -> str:
+def _fmt(e: Estimate | None, scale: float) -> str:
     if e is None or e.mean is None:
         return "n/a"
     digits = 1 if scale != 1.0 or abs(e.mean) >= 10 else 3  # seconds, tokens: 1; fractions: 3
-    sign = "+" if signed else ""
-    out = f"{e.mean * scale:{sign}.{digits}f}"
+    out = f"{e.mean * scale:.{digits}f}"
     return out + (f" +- {e.ci * scale:.{digits}f}" if e.ci is not None else "")
 
 
@@ -262,8 +261,7 @@ def report_markdown(
         "",
     ]
     for model in models_of(exp, rows):
-        block = rows_of(rows, model)
-        lines += model_block(exp, block, model, plots.get(model, []), others)
+        lines += model_block(exp, rows_of(rows, model), model, plots.get(model, []), others)
     lines += ["<details><summary>The command of every cell (add trainer.seed=S)</summary>", ""]
     for cell in exp.cells:
         cmd = command(exp, cell, 0).removesuffix(" trainer.seed=0")
@@ -335,9 +333,7 @@ def outcome_table(exp, part, axes, primary, vs, heads) -> tuple[list[str], list[
     difference (in points, as a share of the baseline's gain, Holm), the same at equal tokens,
     then greedy accuracy (or mean@k when greedy is primary), pass@k, and which arm an arm is
     identical to (when one is)."""
-    curve = "mean_at_k" if primary == "final_mean_at_k" else "accuracy"
-    other = "final_accuracy" if primary == "final_mean_at_k" else "final_mean_at_k"
-    gain = "gain_mean_at_k" if primary == "final_mean_at_k" else "gain"
+    curve, gain, other = ENDPOINTS[primary]
     header = [*axes, "seeds", heads[primary][0], heads[gain][0]]
     if exp.baseline:
         header += [f"minus {vs} (points, paired)", f"share of {vs}'s gain", "Holm p",
@@ -364,7 +360,7 @@ def outcome_table(exp, part, axes, primary, vs, heads) -> tuple[list[str], list[
         if exp.baseline:
             r.append("(baseline)" if base else _points(c.versus[other]))
         r.append(_fmt(c.figures["final_pass_at_k"], 1.0))
-        r += [(c.same_as or "").removeprefix("= ")] if same else []
+        r += [c.same_as or ""] if same else []
         body.append(r)
     return header, body
 

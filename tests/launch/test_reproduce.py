@@ -160,7 +160,7 @@ def test_mean_at_k_is_primary_holm_counts_identical_arms_once_and_shares_the_gai
         rows.append(_evals_row(exp, "b", s, 0.30 + 0.02 * s))  # 0, +0.01, +0.02
         rows.append(_evals_row(exp, "c", s, 0.35 + 0.01 * s + 0.001 * s * s))  # = a exactly
     grpo, a, b, c = aggregate(exp, rows)
-    assert c.same_as == "= method=a" and a.same_as is None
+    assert c.same_as == "method=a" and a.same_as is None
     # the family is {a, b} (c counted once, as a): Holm multiplies the smaller p by 2, the larger
     # by 1, keeping them monotone
     pa, pb = a.versus["final_mean_at_k"].p, b.versus["final_mean_at_k"].p
@@ -185,7 +185,7 @@ def test_identical_cells_across_experiments(tmp_path):
     mine[("method=avspo", 0)] = _evals_row(exp, "avspo", 0, 0.4)
     other = [{**r, "cell_id": "method=grpo,level=L3"} for r in mine.values()][:2]
     got = identical_cells(exp, mine, {"e1": other})
-    assert got == {"method=grpo": "= e1 method=grpo,level=L3"}
+    assert got == {"method=grpo": "e1 method=grpo,level=L3"}
     # one seed that differs: not identical
     other[1] = {**other[1], "acr_raw": 0.5}
     assert identical_cells(exp, mine, {"e1": other}) == {}
