@@ -15,9 +15,6 @@ False
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 import torch
 
 from learner.config import LearnerConfig
@@ -111,21 +108,17 @@ def auto_micro_batch_tokens(
     return max(256, min(65536, tokens))
 
 
-def clear_stale_build_lock(
-    name: str = "deepspeed_shm_comm", older_than_s: float = 600.0
-) -> str | None:
-    """Remove torch's JIT build lock of the extension ``name`` (DeepSpeed's CPU shm op, built on
-    the first ``deepspeed.init_distributed`` of a machine) when it is older than any build (one
-    takes ~30 s here): a process killed while building leaves the lock behind, and every later
-    run then waits on it forever. Returns the removed path, else None."""
-    from torch.utils import cpp_extension
+def skip_shm_all_reduce() -> None:
+    """Keep DeepSpeed from loading its CPU shared-memory all-reduce op at
+    ``init_distributed``: the op serves only ``inference_all_reduce`` (tensor-parallel
+    inference), while a training all-reduce goes through torch.distributed (gloo here) either
+    way. Loading it cost a JIT build on a machine's first start (~35 s, and a lock that a rank
+    killed mid-build left behind for every later run to wait on) and /dev/shm buffers that a
+    killed rank left behind. DeepSpeed reads which ops it may load from
+    ``deepspeed.ops.__compatible_ops__``, a dict it probes once and keeps so that edits stay."""
+    import deepspeed.ops
 
-    try:
-        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
-        if time.time() - lock.stat().st_mtime < older_than_s:
-            return None
-        lock.unlink()
-    except (OSError, AttributeError):  # no lock (or a torch without the helper)
-        return None
-    print(f"learner: removed a stale build lock {lock} (older than {older_than_s:.0f} s)")
-    return str(lock)
+    deepspeed.ops.__compatible_ops__ = {
+        **deepspeed.ops.__compatible_ops__,
+        "deepspeed_shm_comm": False,
+    }

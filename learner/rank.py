@@ -36,10 +36,10 @@ from learner.lora import adapter_state_dict, merged_state_dict, save_model, sync
 from learner.loss import LossConfig
 from learner.policy import (
     available_ram_bytes,
-    clear_stale_build_lock,
     deepspeed_config,
     learner_dtype,
     load_policy,
+    skip_shm_all_reduce,
 )
 from learner.update import RankMetrics, decoder_tokens, microbatch_loss, truncated_is_weights
 
@@ -103,8 +103,7 @@ class LearnerRank:
             LOCAL_RANK="0",
         )
         backend = dist_backend(self.device)
-        if self.rank == 0:  # before the rendezvous: no rank of this node builds yet
-            clear_stale_build_lock()
+        skip_shm_all_reduce()
         # The store first, on the socket rank 0 bound (torch's env:// store would listen on
         # every interface); DeepSpeed then adopts the initialised default group.
         timeout = datetime.timedelta(seconds=self.cfg.timeout_s)

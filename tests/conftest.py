@@ -12,7 +12,6 @@ import pytest
 
 from launch.bootstrap import ModelConfig, cache_root, ensure_model
 from launch.tiny_model import TinyConfig
-from tests.helpers import remove_orphan_shm
 
 ROOT = Path(__file__).resolve().parents[1]
 # the datasets library's cache (local task files are converted into it): the session's own,
@@ -164,4 +163,3 @@ def ray_cluster():
     )
     yield
     ray.shutdown()
-    remove_orphan_shm()  # not the buffers of a run still going

@@ -26,33 +26,6 @@ def load(*overrides: str):
         return to_train_config(compose(config_name="config", overrides=list(overrides)))
 
 
-SHM_BUFFERS = "/dev/shm/deepspeed_allreduce_buffer_*"
-
-
-def remove_orphan_shm() -> list[str]:
-    """Remove DeepSpeed's CPU all-reduce buffers (/dev/shm) that no live process maps: what the
-    ranks of a finished test left. A run still going maps its own for as long as its ranks
-    live, so they stay. Returns the removed paths."""
-    import contextlib
-    import glob
-
-    mapped = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        with contextlib.suppress(OSError):
-            mapped |= {
-                line.split(maxsplit=5)[-1]
-                for line in Path(maps).read_text().splitlines()
-                if SHM_BUFFERS.rstrip("*") in line
-            }
-    removed = []
-    for path in glob.glob(SHM_BUFFERS):
-        if path not in mapped:
-            with contextlib.suppress(OSError):
-                Path(path).unlink()
-                removed.append(path)
-    return removed
-
-
 def kill_and_wait(actor, timeout_s: float = 60.0) -> None:
     """``ray.kill`` and wait until the actor is gone. ``ray.kill`` is asynchronous: a call made
     right after it may still be answered by the live actor (a liveness check then passes and the

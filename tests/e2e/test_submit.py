@@ -26,7 +26,6 @@ from typing import NamedTuple
 import pytest
 
 from tests.conftest import fast_tiny_overrides
-from tests.helpers import remove_orphan_shm
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -142,7 +141,6 @@ def ray_head():
         log.close()
         busy = [p for p in ports.values() if port_in_use(p)]
         shutil.rmtree(temp, ignore_errors=True)
-        remove_orphan_shm()
         assert not busy, f"ports still bound after the head stopped: {busy}"
 
 

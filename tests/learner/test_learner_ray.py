@@ -138,6 +138,25 @@ def _weights(group):
 
 
 @pytest.mark.slow
+def test_ranks_skip_deepspeeds_shared_memory_all_reduce(learner):
+    """DeepSpeed's CPU shared-memory all-reduce serves only ``inference_all_reduce``
+    (tensor-parallel inference); a training all-reduce goes through torch.distributed. The
+    ranks skip it: no JIT build of its op (~35 s on a fresh machine), no /dev/shm buffers that a
+    killed rank would leave behind."""
+    import os
+    from pathlib import Path
+
+    def facts(rank):
+        import deepspeed.comm.comm as ds_comm
+
+        maps = Path(f"/proc/{os.getpid()}/maps").read_text()
+        return ds_comm.cdb.shm_comm_op is not None, "deepspeed_allreduce_buffer" in maps
+
+    got = ray.get([r.__ray_call__.remote(facts) for r in learner.ranks], timeout=60)
+    assert got == [(False, False), (False, False)]  # (op loaded, buffer mapped) per rank
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("poison", ["nan_advantage", "nan_old_logprob"])
 def test_non_finite_step_is_skipped_and_weights_unchanged(learner, tiny_model_dir, poison):
     from transformers import AutoModelForCausalLM
