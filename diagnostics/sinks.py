@@ -156,15 +156,19 @@ class MultiSink:
 
     @contextlib.contextmanager
     def phase(self, text: str):
-        """``text`` on the sinks that show phases (the console's bar) while the block runs."""
+        """``text`` on the sinks that show phases (the console's bar) while the block runs; the
+        block gets a function that replaces it (progress within the phase)."""
         shown = [sink for sink in self.sinks if hasattr(sink, "phase")]
-        for sink in shown:
-            sink.phase(text)
-        try:
-            yield
-        finally:
+
+        def show(now: str | None) -> None:
             for sink in shown:
-                sink.phase(None)
+                sink.phase(now)
+
+        show(text)
+        try:
+            yield show
+        finally:
+            show(None)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -29,7 +29,9 @@ def main(raw: DictConfig) -> None:
     with exit_on_config_error():
         stages = build_stages(cfg, Path.cwd(), log=log, train=False)
     try:
-        metrics = evaluate_held_out(cfg, stages, checkpoint_step(stages.resume_from))
+        step = checkpoint_step(stages.resume_from)
+        show = lambda text: log(f"evaluating: {text}")  # noqa: E731
+        metrics = evaluate_held_out(cfg, stages, step, phase=show)
     finally:
         stages.shutdown()
     problems = sum(len(task.test) for task, _ in stages.eval_sets.values())

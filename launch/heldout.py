@@ -46,13 +46,17 @@ def evaluate(
     temperature: float = 1.0,
     seed: int = 0,
     solved_at: float = 1.0,
+    phase: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
     """``eval/accuracy`` (greedy pass@1) and, when k > 0, ``eval/pass@{k}`` and
     ``eval/mean@{n}`` from ``n`` samples per problem at ``temperature`` (n = k unless given;
     n >= k): the unbiased pass@k estimate and the samples' mean solve rate. One definition of
     *solved* for all three: a score >= ``solved_at`` (the task's highest reward, r_hi), so a
-    partial credit counts as unsolved everywhere."""
+    partial credit counts as unsolved everywhere. ``phase`` is told each pass before it runs
+    (a long evaluation's progress on the console)."""
     prompts = [p.prompt for p in problems]
+    show = phase or (lambda _: None)
+    show(f"greedy, {len(problems)} problems")
     greedy = sampling.params(n=1, seed=seed, temperature=0.0)
     solved = [v.score >= solved_at for v in verify(generate(prompts, greedy), problems)]
     out = {"eval/accuracy": sum(solved) / len(solved)}
@@ -60,6 +64,7 @@ def evaluate(
         n = n or k
         if n < k:
             raise ValueError(f"pass@{k} needs at least k samples per problem, got n={n}")
+        show(f"{n} samples each, {len(problems)} problems")
         params = sampling.params(n=n, seed=seed, temperature=temperature)
         verdicts = verify(generate(prompts, params), problems)
         solved = [v.score >= solved_at for v in verdicts]  # [P * n], problem-major

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -90,9 +91,12 @@ class Rollouts:
         )
 
 
-def evaluate_held_out(cfg: TrainConfig, stages: Stages, step: int) -> dict[str, float]:
+def evaluate_held_out(
+    cfg: TrainConfig, stages: Stages, step: int, phase: Callable[[str], None] | None = None
+) -> dict[str, float]:
     """Held-out evaluation of every eval set (launch/heldout.py); with ``trainer.eval_tasks``,
-    per-task metrics ``eval/<task>/...`` and their averages as ``eval/...``."""
+    per-task metrics ``eval/<task>/...`` and their averages as ``eval/...``. ``phase`` is told
+    which pass of which set runs (the console's progress)."""
     t = cfg.trainer
     sampling = cfg.rollout.sampling
     if t.eval_max_new_tokens:
@@ -102,6 +106,11 @@ def evaluate_held_out(cfg: TrainConfig, stages: Stages, step: int) -> dict[str, 
         return lambda groups, problems: stages.verifier.verify(
             groups, problems, task, task_cfg.truncated
         )
+
+    def progress(i: int, name: str | None):
+        if phase is None or len(stages.eval_sets) == 1:
+            return phase
+        return lambda text: phase(f"evaluation {i}/{len(stages.eval_sets)} ({name}): {text}")
 
     per_set = {
         name: evaluate(
@@ -114,8 +123,9 @@ def evaluate_held_out(cfg: TrainConfig, stages: Stages, step: int) -> dict[str, 
             temperature=t.eval_temperature,
             seed=derive_seed(t.seed, "eval", step),
             solved_at=task.reward_range[1],
+            phase=progress(i, name),
         )
-        for name, (task, task_cfg) in stages.eval_sets.items()
+        for i, (name, (task, task_cfg)) in enumerate(stages.eval_sets.items(), 1)
     }
     if list(per_set) == [None]:
         return per_set[None]
@@ -168,8 +178,8 @@ class Trainer:
         task, task_cfg = task or self.task, task_cfg or self.cfg.task
         return self.stages.verifier.verify(groups, problems, task, task_cfg.truncated)
 
-    def evaluate(self, step: int) -> dict[str, float]:
-        return evaluate_held_out(self.cfg, self.stages, step)
+    def evaluate(self, step: int, phase: Callable[[str], None] | None = None) -> dict[str, float]:
+        return evaluate_held_out(self.cfg, self.stages, step, phase)
 
     def collect(self, step: int, first: list[Problem] | None = None) -> Rollouts:
         """Generate and verify one step's groups. With dynamic sampling, groups whose rewards
@@ -314,8 +324,8 @@ class Trainer:
         metrics: dict[str, float] = {k: v for k, v in self.resumed_row.items() if k != "step"}
         try:
             if start == 0:
-                with sink.phase(self.eval_phase()):
-                    metrics = self.evaluate(0)
+                with sink.phase(self.eval_phase()) as show:
+                    metrics = self.evaluate(0, show)
                 self.accuracy_start = metrics["eval/accuracy"]
                 sink.log(0, metrics)
             if self.stop_reason:
@@ -324,8 +334,8 @@ class Trainer:
                 metrics = self.train_step(step)
                 last = step == t.total_steps
                 if (t.eval_every and step % t.eval_every == 0) or last:
-                    with sink.phase(self.eval_phase()):
-                        metrics |= self.evaluate(step)
+                    with sink.phase(self.eval_phase()) as show:
+                        metrics |= self.evaluate(step, show)
                 sink.log(step, metrics)  # before the checkpoint: a resume never loses a row
                 stopping = self.stop_reason is not None and not last
                 if (t.save_every and step % t.save_every == 0) or last or stopping:

@@ -147,6 +147,30 @@ def test_evaluate_reports_greedy_accuracy_and_pass_at_k():
     assert stages.calls[0][1].temperature == 0.0 and stages.calls[1][1].temperature == 1.0
 
 
+def test_evaluation_says_which_pass_of_which_set_runs():
+    """Progress of a long evaluation: each set (``i/m`` with its name when there are several)
+    and each pass over it (greedy, then the samples) is announced before it runs."""
+    from launch.loop import evaluate_held_out
+    from reward.tasks import TaskConfig
+
+    shown = []
+    stages = FakeStages({i: ALL_RIGHT for i in range(3)})
+    out = evaluate(stages.generate, stages.verify, _problems(3), TrainConfig().rollout.sampling,
+                   k=2, n=4, phase=shown.append)  # fmt: skip
+    assert out["eval/accuracy"] == 1.0
+    assert shown == ["greedy, 3 problems", "4 samples each, 3 problems"]
+
+    cfg = TrainConfig()
+    cfg.trainer.eval_pass_k = 0
+    fake = fake_stages(cfg, _problems(3), stages, stages.verify)
+    two, three = (dataclasses.replace(fake.task, test=_problems(n)) for n in (2, 3))
+    fake.eval_sets = {"a": (two, TaskConfig()), "b": (three, TaskConfig())}
+    shown.clear()
+    evaluate_held_out(cfg, fake, step=0, phase=shown.append)
+    assert shown == ["evaluation 1/2 (a): greedy, 2 problems",
+                     "evaluation 2/2 (b): greedy, 3 problems"]  # fmt: skip
+
+
 def test_pass_at_k_matches_the_combinatorial_definition():
     # n=5, c=2, k=2: 1 - C(3,2)/C(5,2) = 1 - 3/10
     assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
@@ -291,8 +315,10 @@ def test_the_console_shows_long_phases_on_its_bar_and_lines_above_it():
 
     console = ConsoleSink(4, progress="always", write=lines.append)
     sink = MultiSink([console])
-    with sink.phase("writing the step-2 checkpoint"):
+    with sink.phase("writing the step-2 checkpoint") as show:
         assert "writing the step-2 checkpoint" in str(console.bar)  # the bar as it is drawn
+        show("evaluation 2/7 (math500): greedy, 500 problems")  # progress within the phase
+        assert "evaluation 2/7 (math500)" in str(console.bar)
     assert "checkpoint" not in str(console.bar)
     assert console.write == console.bar.write  # lines go above the bar
     console.close()
