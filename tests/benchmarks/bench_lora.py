@@ -13,8 +13,8 @@ the weight sync sends (learner/lora.py ``sync_units``: the merged weights under 
 One process, plain torch AdamW (no DeepSpeed, one rank): the differences between the two are
 the adapters'. The synced bytes are the same for both (the merged model is sent); sending the
 adapter alone instead would need the engines to apply it (vLLM's LoRA support): measured in
-tests/benchmarks/bench_lora_vllm.py, and why this project does not (docs/real-models.md). Printed: per configuration, then LoRA / full
-ratios.
+tests/benchmarks/bench_lora_vllm.py, and why this project does not (docs/real-models.md).
+Printed: per configuration, then LoRA / full ratios.
 """
 
 from __future__ import annotations
