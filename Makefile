@@ -55,6 +55,7 @@ bench: setup
 	$(BIN)/python tests/benchmarks/bench_learner.py
 	$(BIN)/python tests/benchmarks/bench_learner_memory.py
 	$(BIN)/python tests/benchmarks/bench_lora.py
+	$(BIN)/python tests/benchmarks/bench_lora_vllm.py
 	$(BIN)/python tests/benchmarks/bench_step.py
 	$(BIN)/python tests/benchmarks/bench_weight_sync.py
 	$(BIN)/python tests/benchmarks/bench_baselines.py --num-train 128
