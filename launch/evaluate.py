@@ -30,8 +30,7 @@ def main(raw: DictConfig) -> None:
         stages = build_stages(cfg, Path.cwd(), log=log, train=False)
     try:
         step = checkpoint_step(stages.resume_from)
-        show = lambda text: log(f"evaluating: {text}")  # noqa: E731
-        metrics = evaluate_held_out(cfg, stages, step, phase=show)
+        metrics = evaluate_held_out(cfg, stages, step, phase=log)
     finally:
         stages.shutdown()
     problems = sum(len(task.test) for task, _ in stages.eval_sets.values())

@@ -108,9 +108,11 @@ def evaluate_held_out(
         )
 
     def progress(i: int, name: str | None):
-        if phase is None or len(stages.eval_sets) == 1:
-            return phase
-        return lambda text: phase(f"evaluation {i}/{len(stages.eval_sets)} ({name}): {text}")
+        if phase is None:
+            return None
+        m = len(stages.eval_sets)
+        where = f"evaluation {i}/{m} ({name})" if m > 1 else "evaluation"
+        return lambda text: phase(f"{where}: {text}")
 
     per_set = {
         name: evaluate(

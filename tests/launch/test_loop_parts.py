@@ -169,6 +169,10 @@ def test_evaluation_says_which_pass_of_which_set_runs():
     evaluate_held_out(cfg, fake, step=0, phase=shown.append)
     assert shown == ["evaluation 1/2 (a): greedy, 2 problems",
                      "evaluation 2/2 (b): greedy, 3 problems"]  # fmt: skip
+    shown.clear()
+    fake.eval_sets = {None: (three, TaskConfig())}  # the training task's own test split
+    evaluate_held_out(cfg, fake, step=0, phase=shown.append)
+    assert shown == ["evaluation: greedy, 3 problems"]
 
 
 def test_pass_at_k_matches_the_combinatorial_definition():
