@@ -11,9 +11,9 @@ every linear layer, B set to small random values so that the adapter changes the
 the same calls: ``--prompts`` prompts x ``--n`` samples of 32 new tokens per version. Measured
 per version: the update (merged: the merge + the in-place reload; LoRA: writing the adapter
 folder, its load happens inside the next generation), the first generation after it and a
-second one (steady state), and the bytes moved. Both paths' greedy completions of the same
-prompts are compared (the same adapter must give the same text). Printed: per path, then the
-LoRA / merged ratios.
+second one (steady state), and the bytes moved. Each path's first 8 greedy tokens and their
+log-probs are held to the peft model's own (transformers), the truth for that adapter. Printed:
+per path, then the LoRA / merged ratios.
 """
 
 from __future__ import annotations
@@ -119,9 +119,8 @@ def child(args) -> None:
     prompts = [TokensPrompt(prompt_token_ids=tokenizer(p)["input_ids"])
                for p in prompts_for(tokenizer, args.prompts)]  # fmt: skip
     sampled = SamplingParams(n=args.n, temperature=1.0, max_tokens=32, seed=1, logprobs=0)
-    greedy = SamplingParams(temperature=0.0, max_tokens=32)
     work = tempfile.mkdtemp(prefix="bench-lora-vllm-")
-    rows, texts, scores, reference, base = [], [], [], [], None
+    rows, scores, reference, base = [], [], [], None
     for version in range(1, args.versions + 1):
         model = adapter_model(args.model, args.rank, version)
         t0 = time.perf_counter()
@@ -147,8 +146,6 @@ def child(args) -> None:
             out = llm.generate(prompts, sampled, lora_request=request, use_tqdm=False)
             timings.append(time.perf_counter() - t0)
         tokens = sum(len(c.token_ids) for o in out for c in o.outputs)
-        done = llm.generate(prompts[:16], greedy, lora_request=request, use_tqdm=False)
-        texts.append([o.outputs[0].text for o in done])
         scores.append(greedy_logprobs(llm, prompts, request))
         if args.path == "merged":
             reference.append(reference_logprobs(model, prompts))
@@ -157,7 +154,7 @@ def child(args) -> None:
         rows.append({"update_s": update_s, "first_s": timings[0], "steady_s": timings[1],
                      "tokens": tokens, "sent_mib": sent / 2**20})  # fmt: skip
     figures = {
-        "start_s": start_s, "versions": rows, "texts": texts, "scores": scores, "base": base,
+        "start_s": start_s, "versions": rows, "scores": scores, "base": base,
         "reference": reference,
         "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }  # fmt: skip
@@ -204,9 +201,6 @@ def main() -> None:
     m, lo = got["merged"]["versions"][1:], got["lora"]["versions"][1:]  # v1 warms caches up
     mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
     per_version = lambda rows: mean(rows, "update_s") + mean(rows, "first_s")  # noqa: E731
-    same = sum(a == b for va, vb in zip(got["merged"]["texts"], got["lora"]["texts"], strict=True)
-               for a, b in zip(va, vb, strict=True))  # fmt: skip
-    total = sum(len(v) for v in got["merged"]["texts"])
 
     def gap(a, b) -> tuple[int, int, float]:
         """(sequences with the same tokens, sequences, the largest log-prob difference over the
@@ -233,7 +227,7 @@ def main() -> None:
         f"lora / merged (versions 2..{args.versions}): update + first generation "
         f"{per_version(lo) / per_version(m):.2f}, steady generation "
         f"{mean(lo, 'steady_s') / mean(m, 'steady_s'):.2f}, bytes per version "
-        f"{mean(lo, 'sent_mib') / mean(m, 'sent_mib'):.3f}; greedy texts equal {same}/{total}"
+        f"{mean(lo, 'sent_mib') / mean(m, 'sent_mib'):.3f}"
     )
 
 
