@@ -283,8 +283,9 @@ PY
 
 # --- 5. training ---------------------------------------------------------------------------------
 
-# A run killed while DeepSpeed compiled its op leaves torch's build lock in the cache volume, and
-# the next run would wait on it for ever; nothing of this stack is compiling now.
+# A run killed while DeepSpeed JIT-compiled an op (none on the default paths: the learner skips
+# its CPU shm all-reduce op) leaves torch's build lock in the cache volume, and the next run would
+# wait on it for ever; nothing of this stack is compiling now.
 compose run --rm -T --no-deps --entrypoint sh driver -c 'rm -f /cache/torch_extensions/*/lock' \
     || fail "clearing stale build locks in the cache volume"
 
