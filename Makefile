@@ -10,6 +10,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
+# test processes of `make test` (pytest-xdist), each a whole file at a time; 2 for 2 cores
+TEST_WORKERS ?= 2
 
 .PHONY: setup train test test-fast lint bench clean
 
@@ -35,7 +37,7 @@ train: setup
 	$(BIN)/python -m launch.train $(ARGS)
 
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 

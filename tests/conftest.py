@@ -63,23 +63,37 @@ def pytest_report_header(config) -> str:
 
 RAY_DIRS = ("tests/e2e/", "tests/integration/")
 EARLY_BUILD: dict = {}  # the default model's build started at collection (pytest_collection_finish)
+# "gw0", "gw1", ... in a pytest-xdist worker (``make test``: two workers, whole files each)
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need CUDA: skipped (with the reason) where there is none. Tests that
     start Ray (the ``ray_cluster`` fixture, end-to-end and integration tests) get the ``ray``
     marker: ``make test-fast`` deselects them. Tests marked ``default_model`` run last, so that
-    the default model's early build (:func:`pytest_collection_finish`) has the session to end."""
+    the default model's early build (:func:`pytest_collection_finish`) has the session to end.
+
+    Under pytest-xdist (``make test``: ``--dist loadfile --no-loadscope-reorder`` hands whole
+    files to the workers in this order) the longest come first instead: the default run (it
+    builds its model itself, beside the other worker's tests), then the end-to-end files, then
+    the other Ray tests, so that the short files even out the two workers at the end."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
+    order = {}  # item -> its place under pytest-xdist: default run, end-to-end, Ray, the rest
     for item in items:
         if skip is not None and item.get_closest_marker("gpu") is not None:  # not a word in the id
             item.add_marker(skip)
         where = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
-        if "ray_cluster" in getattr(item, "fixturenames", ()) or where.startswith(RAY_DIRS):
+        ray = "ray_cluster" in getattr(item, "fixturenames", ()) or where.startswith(RAY_DIRS)
+        if ray:
             item.add_marker(pytest.mark.ray)
-    items.sort(key=lambda item: item.get_closest_marker("default_model") is not None)  # stable
+        default = item.get_closest_marker("default_model") is not None
+        order[item] = (not default, not where.startswith("tests/e2e/"), not ray)
+    if XDIST_WORKER is None:
+        items.sort(key=lambda item: not order[item][0])  # stable: the default run last
+    else:
+        items.sort(key=order.__getitem__)
 
 
 def pytest_collection_finish(session):
@@ -93,6 +107,8 @@ def pytest_collection_finish(session):
     import subprocess
     import sys
 
+    if XDIST_WORKER is not None:  # the default run goes first there and builds it itself
+        return
     if not any(item.get_closest_marker("default_model") for item in session.items):
         return
     log = Path(tempfile.gettempdir()) / f"avspo-early-build-{os.getpid()}.log"
@@ -145,7 +161,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    cache = tmp_path_factory.mktemp("model_cache")
+    """FAST_TINY's folder, built once per test session: under pytest-xdist in the folder the
+    workers share (the first builds it, the other waits on the cache's lock)."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if XDIST_WORKER else base) / "model_cache"
     return ensure_model(
         ModelConfig(source="tiny", cache_dir=str(cache), tiny=FAST_TINY), log=lambda *_: None
     )

@@ -219,14 +219,16 @@ def test_workers_get_an_allow_listed_environment(monkeypatch):
 
 def test_a_cpu_time_limit_stops_a_spinning_verifier(monkeypatch):
     """Wall clock 30 s, CPU time 1 s: a verifier burning 5 s of CPU is stopped by the kernel
-    (SIGXCPU) after ~1-2 s and scored as a timeout; the next item is fine."""
+    (SIGXCPU) after ~1-2 s and scored as a timeout; the next item is fine. A timeout verdict
+    well before the 30 s wall limit is the CPU limit's (on a loaded machine the 1 s of CPU can
+    take several seconds of wall time: 5 s was exceeded with two test workers beside a grid)."""
     monkeypatch.setenv("AVSPO_VERIFIER_MODULES", "tests.reward.fault_verifiers")
     with VerifierPool(PoolConfig(num_workers=1, timeout_s=30.0, cpu_time_s=1)) as p:
         t0 = time.monotonic()
         verdicts = p.verify(["5", "0.1"], ["", ""], verifier="_test_spin")
         elapsed = time.monotonic() - t0
     assert [v.reason for v in verdicts] == ["timeout", "ok"]
-    assert elapsed < 5
+    assert elapsed < 20
 
 
 def test_workers_exit_when_their_parent_is_killed(tmp_path):

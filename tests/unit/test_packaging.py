@@ -38,6 +38,7 @@ RUNTIME_ONLY = {
     "gguf": "transformers' from_pretrained(gguf_file=...) (launch/smollm.py) needs it",
     "accelerate": "transformers' from_pretrained(gguf_file=...) raises without it",
     "ruff": "the linter `make test` runs",
+    "pytest-xdist": "the pytest plugin behind `make test`'s -n (two test workers)",
 }
 ENGINE_EXTRAS = ("cpu", "gpu")  # one of them is always installed: each provides vllm
 FEATURE_EXTRAS = ("tensorboard", "tasks", "smollm")
