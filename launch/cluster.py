@@ -242,16 +242,24 @@ def usable_cores(mask: set[int], limit: float | None) -> list[int]:
 
 
 def node_cores(local: bool) -> dict[str, list[int]]:
-    """The CPU ids each node's actors may use, by node id: for a ``local`` Ray (one node, this
-    machine) the driver's affinity mask cut to its cgroup's CPU quota (its logical CPUs are a
-    scheduling fiction: see :func:`init_ray`), for a joined cluster ``range(CPU)`` of each alive
-    node's resources (Ray's own count, quota included)."""
+    """The CPU ids each node's actors may use, by node id. The driver's own node: its affinity
+    mask cut to its cgroup's CPU quota (a local Ray's logical CPUs are a scheduling fiction: see
+    :func:`init_ray`), and on a joined cluster also to the node's CPU count in Ray (a head
+    started with ``--num-cpus`` gives fewer), so that a run plans the same threads whether it
+    started Ray or joined it. Every other node of a joined cluster: ``range(CPU)`` of its Ray
+    resources (Ray's own count, quota included)."""
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
+    here = usable_cores(os.sched_getaffinity(0), cgroup_cpu_limit())
     if local and len(nodes) == 1:
-        return {nodes[0]["NodeID"]: usable_cores(os.sched_getaffinity(0), cgroup_cpu_limit())}
-    return {n["NodeID"]: list(range(int(n["Resources"].get("CPU", 1)))) for n in nodes}
+        return {nodes[0]["NodeID"]: here}
+    own = ray.get_runtime_context().get_node_id()
+    counts = {n["NodeID"]: int(n["Resources"].get("CPU", 1)) for n in nodes}
+    return {
+        node: here[: max(1, count)] if node == own else list(range(count))
+        for node, count in counts.items()
+    }
 
 
 @dataclass

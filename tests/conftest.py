@@ -178,14 +178,27 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
+def ray_cluster() -> str:
+    """One local Ray per test process (8 logical CPUs: room for a joined run's groups beside
+    what a test holds); yields its address. The tests' own actors run in it, and so do the
+    end-to-end runs that join it (:func:`joined_ray`)."""
     import ray
 
     ray.init(
-        num_cpus=4,
+        num_cpus=8,
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
     )
-    yield
+    yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def joined_ray(ray_cluster) -> list[str]:
+    """Overrides that make a ``launch.train`` run join the session's Ray instead of starting
+    its own (as a run on a cluster does, ``cluster.address``): ~14 of a short run's ~49
+    core-seconds are Ray's own start and stop (docs/NOTES.md). For runs that test nothing of
+    Ray's start, its stop or what is left after them; the thread plan is the same either way
+    (launch/cluster.py ``node_cores``), so are the numbers."""
+    return [f"cluster.address={ray_cluster}"]

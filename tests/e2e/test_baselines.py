@@ -24,7 +24,9 @@ SHORT = [
 
 
 @pytest.mark.slow
-def test_dcpo_three_steps_keeps_per_prompt_history_in_the_checkpoint(tmp_path, tiny_model_dir):
+def test_dcpo_three_steps_keeps_per_prompt_history_in_the_checkpoint(
+    tmp_path, tiny_model_dir, joined_ray
+):
     """algorithm=dcpo with task.num_train=8: the 8 prompts come back every step, so steps 2-4
     standardise against history (visit counts 1-4 in the stage state)."""
     run_dir = tmp_path / "dcpo"
@@ -36,6 +38,7 @@ def test_dcpo_three_steps_keeps_per_prompt_history_in_the_checkpoint(tmp_path, t
         "task.num_train=8",
         "task.difficulty=2",  # mixed groups that sometimes collapse: where history matters
         "trainer.total_steps=4",
+        *joined_ray,
     )
     got = rows(run_dir)
     for step in (1, 2, 3, 4):
@@ -101,12 +104,13 @@ def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["intuitor", "rent"])
-def test_intrinsic_reward_presets_three_steps(tmp_path, tiny_model_dir, algorithm):
+def test_intrinsic_reward_presets_three_steps(tmp_path, tiny_model_dir, joined_ray, algorithm):
     """algorithm=intuitor / rent: the learner scores every sample before the update, the
     step's reward is that score alone (verifier weight 0), ACR uses the preset's tau, and the
     held-out accuracy is still the verifier's (evaluated at the end)."""
     run_dir = tmp_path / algorithm
-    run_train(run_dir, *fast_tiny_overrides(tiny_model_dir), *SHORT, f"algorithm={algorithm}")
+    tiny = fast_tiny_overrides(tiny_model_dir)
+    run_train(run_dir, *tiny, *SHORT, f"algorithm={algorithm}", *joined_ray)
     got = rows(run_dir)
     for step in (1, 2, 3):
         r = got[step]

