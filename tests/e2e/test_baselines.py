@@ -61,7 +61,7 @@ def test_dcpo_three_steps_keeps_per_prompt_history_in_the_checkpoint(
 
 @pytest.mark.slow
 def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
-    tmp_path, tiny_model_dir
+    tmp_path, tiny_model_dir, joined_ray
 ):
     """algorithm=avspo_release at 8 prompts per step: the rule is applied per group, so the
     collapsed groups of a mixed step get their opposite-label sample (before issue 24 it tested
@@ -86,6 +86,7 @@ def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
             # a model by path with the tiny model's own limits and lr is refused (meant for
             # real models): one token and one position more (its answers are ~4 tokens), lr /2
             "rollout.max_model_len=65", "rollout.sampling.max_new_tokens=9", "learner.lr=5e-5",
+            *joined_ray,
             env=env,
         )  # fmt: skip
     assert f"model avspo-test/tiny-fast at main: commit {sha}" in stdout

@@ -145,7 +145,8 @@ def test_evaluate_test_only_and_several_eval_tasks(tmp_path, tiny_model_dir):
 
     With ``rollout=vllm`` and a stand-in ``vllm`` package that fails to import first on the
     path of every process: the rollout worker says it falls back to the hf engine, and the
-    driver's console shows that warning (``cluster.actor_logs``, default on)."""
+    driver's console shows that warning (``cluster.actor_logs``, default on). It starts its own
+    Ray: the workers of a joined cluster would not see the stand-in on their path."""
     problems = make_task(TaskConfig(difficulty=1, num_test=32)).test
     data = tmp_path / "arith.jsonl"
     data.write_text("".join(json.dumps({"problem": p.question, "answer": p.answer}) + "\n"

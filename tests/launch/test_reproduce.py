@@ -250,7 +250,7 @@ def test_the_report_section_is_replaced_between_its_markers(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_model_dir):
+def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_model_dir, joined_ray):
     """avspo, 2 steps (seed 0), and a cell whose override is bad: 2 rows; the rerun runs
     nothing; the report has the table and each cell's command. (One real run: the aggregate over
     several cells is tested on hand-made rows above.)"""
@@ -262,6 +262,7 @@ def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_mode
         "trainer.eval_every=2",
         "trainer.eval_pass_k=2",
         "logger.report=false",
+        *joined_ray,
     ]
     axes = {
         "method": {
