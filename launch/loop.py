@@ -402,8 +402,10 @@ class Trainer:
 
     def restore(self) -> int:
         """Load ``self.resume_from`` (if any) into the learner, the engines and the sampler;
-        returns the step to continue after (0 for a fresh run)."""
+        returns the step to continue after (0 for a fresh run, whose run directory may hold
+        the rows of an attempt that died before its first checkpoint: they move aside)."""
         if self.resume_from is None:
+            truncate_metrics(self.run_dir / "metrics.jsonl", -1)
             return 0
         state = self.learner.load_checkpoint(str(self.resume_from))
         step = int(state["step"])

@@ -191,6 +191,21 @@ def test_truncate_metrics_moves_rows_after_the_checkpoint(tmp_path):
     assert [json.loads(x)["step"] for x in moved] == [3]
 
 
+def test_a_fresh_start_in_a_used_run_dir_moves_the_old_rows_aside(tmp_path):
+    """A run that starts from step 0 where an earlier attempt left rows (it died before its
+    first checkpoint, and ``trainer.resume=auto`` found none) writes a metrics.jsonl of its own:
+    the old rows move to metrics.pre_resume.jsonl, as a resume moves the rows after its
+    checkpoint (before: appended, so steps 0 and 1 appeared twice)."""
+    problems = [Problem(f"p{i}", "q", "q", "1") for i in range(2)]
+    trainer = _trainer(_cfg(dynamic=False), problems, FakeStages({}))
+    trainer.run_dir = tmp_path
+    old = "".join(json.dumps({"step": s, "x": s}) + "\n" for s in [0, 1])
+    (tmp_path / "metrics.jsonl").write_text(old)
+    assert trainer.restore() == 0
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    assert (tmp_path / "metrics.pre_resume.jsonl").read_text() == old
+
+
 def test_wandb_mode_never_goes_online_without_a_key():
     assert wandb_mode(None, {}) == "offline"
     assert wandb_mode(None, {"WANDB_MODE": "disabled", "WANDB_API_KEY": "k"}) == "disabled"
