@@ -93,10 +93,15 @@ def start_train(run_dir: Path, *overrides: str) -> subprocess.Popen:
     return proc
 
 
-def wait_for_row(proc: subprocess.Popen, run_dir: Path, step: int, deadline: float) -> None:
-    """Until ``step``'s metrics row is written (or the run ended, or the deadline passed)."""
+def wait_for_row(
+    proc: subprocess.Popen, run_dir: Path, step: int, deadline: float, stale: int | None = None
+) -> None:
+    """Until ``step``'s metrics row is written (or the run ended, or the deadline passed).
+    ``stale``: the inode of the metrics file an earlier run left, whose rows do not count (a
+    resumed run replaces that file when it restores: launch/resume.py ``truncate_metrics``)."""
+    path = run_dir / "metrics.jsonl"
     while proc.poll() is None and time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and step in rows(run_dir):
+        if path.exists() and path.stat().st_ino != stale and step in rows(run_dir):
             return
         time.sleep(0.05)
 

@@ -280,7 +280,7 @@ def _kill_actor(sid: int, name: str) -> int:
 
 @pytest.mark.slow
 def test_killed_actors_are_restarted_and_sigterm_checkpoints_then_resume_is_bit_exact(
-    tmp_path, tiny_model_dir, whole_run
+    tmp_path, tiny_model_dir, whole_run, joined_ray
 ):
     """One run, three faults, the uninterrupted run's numbers:
 
@@ -292,7 +292,8 @@ def test_killed_actors_are_restarted_and_sigterm_checkpoints_then_resume_is_bit_
     - SIGTERM to the driver during step 3: it finishes that step, writes a checkpoint there,
       shuts every actor down and exits 143 (128 + SIGTERM) printing the resume command; no
       process of the run remains.
-    - ``trainer.resume=auto`` then runs step 4.
+    - ``trainer.resume=auto`` then runs step 4 (joined to the session's Ray: what is tested of
+      Ray's stop was tested above).
 
     Every step's metrics equal the uninterrupted run's: the learner trained on exactly the same
     samples, each once (its losses, entropies and token counts match)."""
@@ -315,7 +316,7 @@ def test_killed_actors_are_restarted_and_sigterm_checkpoints_then_resume_is_bit_
     assert [rows(run)[s]["reward/verifier_restarts"] for s in (1, 2, 3)] == [0.0, 0.0, 1.0]
     assert processes_left(proc.pid) == []
 
-    stdout = run_train(run, *overrides, "trainer.resume=auto")
+    stdout = run_train(run, *overrides, "trainer.resume=auto", *joined_ray)
     assert "at step 3" in stdout
     a, b = rows(whole_run), rows(run)
     assert sorted(b) == sorted(a) == [0, 1, 2, 3, 4]
@@ -338,7 +339,7 @@ def test_a_killed_run_and_a_dead_learner_rank_resume_to_the_uninterrupted_number
       optimizer state are gone, so the run ends (exit 1, not hanging in the live rank's
       collective) with an emergency note naming the intact step-2 checkpoint and the resume
       command; no process of the run remains;
-    - ``trainer.resume=auto`` again reproduces steps 3-4 exactly.
+    - ``trainer.resume=auto`` again (joined to the session's Ray) reproduces steps 3-4 exactly.
 
     Then ``launch.evaluate`` on the uninterrupted run's final checkpoint gives that run's own
     last greedy evaluation."""
@@ -354,8 +355,10 @@ def test_a_killed_run_and_a_dead_learner_rank_resume_to_the_uninterrupted_number
     assert latest.read_text().strip() == "step_000002"
     assert max(rows(run)) < 4  # it really stopped before the end
 
+    # the killed run may have logged step 3 before the kill: wait for the resumed run's own
+    stale = (run / "metrics.jsonl").stat().st_ino
     proc = start_train(run, *model, *HF_RUN, "trainer.resume=auto")
-    wait_for_row(proc, run, 3, time.monotonic() + 600)
+    wait_for_row(proc, run, 3, time.monotonic() + 600, stale=stale)
     _kill_actor(proc.pid, "LearnerRank")
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1, stderr[-3000:]
@@ -366,7 +369,7 @@ def test_a_killed_run_and_a_dead_learner_rank_resume_to_the_uninterrupted_number
     assert "continue with:" in stderr and "emergency.json" in stderr
     assert processes_left(proc.pid) == []
 
-    stdout = run_train(run, *model, *HF_RUN, "trainer.resume=auto")
+    stdout = run_train(run, *model, *HF_RUN, "trainer.resume=auto", *joined_ray)
     assert "at step 2" in stdout
     a, b = rows(whole_run), rows(run)
     assert sorted(b) == [0, 1, 2, 3, 4]
