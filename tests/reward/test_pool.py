@@ -204,7 +204,13 @@ def test_a_step_budget_scores_the_rest_as_timeouts_instead_of_stalling(monkeypat
         )
         assert p.budget_timeouts == reasons.count("timeout")
         assert elapsed < 1.0 + MARGIN_S
-        assert p.verify(["1+1=2"], ["2"], verifier="numeric")[0].reason == "ok"
+        # the pool still answers once the two workers the budget killed are replaced; each
+        # call has the same 1 s budget, which their start can take on a loaded machine (seen
+        # beside a training run): up to 30 calls, <= 30 s
+        answers = []
+        while len(answers) < 30 and "ok" not in answers:
+            answers.append(p.verify(["1+1=2"], ["2"], verifier="numeric")[0].reason)
+        assert answers[-1] == "ok" and set(answers) <= {"timeout", "ok"}, answers
 
 
 def test_workers_get_an_allow_listed_environment(monkeypatch):
