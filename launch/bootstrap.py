@@ -220,7 +220,7 @@ def resolve_model(cfg: ModelConfig, log=print) -> ModelRef:
     if cfg.source == "path":
         return local_model(cfg.path, cfg.revision, log)
     root = cache_root(cfg)
-    if cfg.source == "tiny":  # in a child process with pinned numerics: the same on every CPU
+    if cfg.source == "tiny":  # in a child process with pinned numerics (docs/NOTES.md)
         from launch.tiny_model import DEFAULT_WEIGHTS_ID, TinyConfig, build_tiny_pinned
 
         spec = dataclasses.asdict(cfg.tiny)
@@ -231,8 +231,9 @@ def resolve_model(cfg: ModelConfig, log=print) -> ModelRef:
         if cfg.tiny == TinyConfig() and wid != DEFAULT_WEIGHTS_ID:
             log(
                 f"warning: this machine built the default tiny model as {wid}, not "
-                f"{DEFAULT_WEIGHTS_ID} (the README's): the pinned numerics did not hold here, so "
-                "results are not comparable with the published ones (please report the CPU)"
+                f"{DEFAULT_WEIGHTS_ID} (the README's, an AMD EPYC's): the pins give other weights "
+                "on some CPU families (docs/NOTES.md), so results are not comparable with the "
+                "published ones"
             )
         return ModelRef(str(folder))
     from launch.smollm import convert_smollm2

@@ -170,11 +170,15 @@ def sampled_accuracy(
 
 
 # The weights id (launch/bootstrap.py weights_id) the default TinyConfig builds with the pins
-# below, measured 2026-12-01 on an AMD EPYC (AVX2); the README names it. A build that gives
-# another id is reported (bootstrap): its results are not comparable with published ones.
+# below, measured 2026-12-01 on an AMD EPYC (AVX2): every published result used it; the README
+# names it. A build that gives another id is reported (bootstrap): its results are not
+# comparable with published ones. An Intel Xeon with AVX-512 builds another id under the same
+# pins (docs/NOTES.md, 2026-12-03).
 DEFAULT_WEIGHTS_ID = "4aa8613f"
 
-# The build's numerics, pinned so that every x86-64 CPU with AVX2 computes the same weights:
+# The build's numerics, pinned so that the weights do not depend on the thread count or the
+# vector ISA the CPU offers (made to give every x86-64 CPU with AVX2 the same weights; measured:
+# it does within one CPU family, not between AMD AVX2 and Intel AVX-512, whose cause is not found):
 # PyTorch's vectorised kernels (elementwise, reductions, the optimizer) are chosen per CPU
 # (AVX-512 or AVX2) and differ in the last bits, which a warm start near a sharp transition
 # amplifies into different models (docs/NOTES.md: three CPUs, three weights before the pins).

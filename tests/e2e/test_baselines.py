@@ -4,11 +4,13 @@ own state reaches the checkpoint."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from learner import checkpoint
+from reward.arithmetic import sample_problems
 from tests.conftest import fast_tiny_overrides
 from tests.e2e.runs import rows, run_train
 from tests.hub_server import FakeHub
@@ -67,6 +69,14 @@ def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
     collapsed groups of a mixed step get their opposite-label sample (before issue 24 it tested
     the whole step and never fired: acr/effective == acr/raw in every row).
 
+    The step is mixed by construction, whatever weights this CPU built (an Intel AVX-512 CPU's
+    FAST_TINY collapsed no group of 24 at L1, docs/NOTES.md): the train file holds 8 L1 problems
+    (all 8 come every step), 4 of them with an answer no response can reach (-99999: the tiny
+    model writes 1-3 digits), so those 4 groups are all-incorrect every step, while the other
+    4 hold correct samples (reward/mean 0.41-0.53 at L1 with the real answers: no correct one
+    among 32 samples has probability ~0.5^32), so the step always holds both labels: a rule
+    applied to the whole step would not fire.
+
     The model is a hub id (``model.path=avspo-test/tiny-fast``) served by a local fake of the
     hub (tests/hub_server.py; it stands in for the network only): the driver resolves ``main``
     to its commit, downloads it into ``$HF_HOME`` and writes the commit into config.yaml; the
@@ -80,8 +90,18 @@ def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
             "HF_HUB_DISABLE_TELEMETRY": "1",
         }
         run_dir = tmp_path / "release"
+        data = tmp_path / "l1.jsonl"
+        problems = sample_problems(1, 8, split="train", seed=0)
+        data.write_text("".join(
+            json.dumps({"question": expr, "answer": str(value if i % 2 else -99999)}) + "\n"
+            for i, (expr, value) in enumerate(problems)
+        ))  # fmt: skip
+        task = [
+            "task=gsm8k", f"task.train_file={data}", f"task.test_file={data}",
+            "task.answer_format=plain", "task.prompt_template='{question}='",
+        ]  # fmt: skip
         stdout = run_train(
-            run_dir, *fast_tiny_overrides(tiny_model_dir), *SHORT, "algorithm=avspo_release",
+            run_dir, *fast_tiny_overrides(tiny_model_dir), *SHORT, *task, "algorithm=avspo_release",
             "model.source=path", "model.path=avspo-test/tiny-fast",
             # a model by path with the tiny model's own limits and lr is refused (meant for
             # real models): one token and one position more (its answers are ~4 tokens), lr /2
@@ -93,14 +113,13 @@ def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
     assert f"revision: {sha}" in (run_dir / "config.yaml").read_text()
     assert any("/resolve/" in path for _, path in hub.requests)  # downloaded, not found locally
     got = rows(run_dir)
-    fired = [s for s in (1, 2, 3) if got[s]["avspo/groups_augmented"] > 0]
-    assert fired, got
-    for s in fired:
+    for s in (1, 2, 3):
         r = got[s]
-        assert r["acr/effective"] < r["acr/raw"]
-        # one virtual sample per augmented group; augmented = the single-label collapsed ones
+        assert r["acr/low"] >= 4 / 8 and r["reward/mean"] > 0, r  # both labels in the step
+        # binary rewards: every collapsed group has one label, and each gets one virtual sample
+        assert r["avspo/groups_augmented"] == round(r["acr/raw"] * 8), r
         assert r["avspo/virtual_samples"] == r["avspo/groups_augmented"]
-        assert r["avspo/groups_augmented"] <= round(r["acr/raw"] * 8)
+        assert r["acr/effective"] < r["acr/raw"]
 
 
 @pytest.mark.slow

@@ -6,11 +6,13 @@ reports, and the whole run stays on loopback."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 
 from tests.e2e.runs import is_loopback, listening, rows, start_train, watch_listening
+from tests.helpers import PINNED_IDS, cpu_family
 from tests.metric_names import STEP_KEYS
 
 
@@ -70,3 +72,6 @@ def test_default_run_learns_logs_checkpoints_and_listens_on_loopback_only(tmp_pa
     assert "acr.png" in report and (run_dir / "acr.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((run_dir / "prompt_history.json").read_text())["summary"]["prompts_seen"]
     assert (run_dir / "config.yaml").exists() and "held-out accuracy" in stdout
+    # the pinned build gave its CPU family's weights (where the family was measured)
+    built = re.search(r"weights id: (\w+)", stdout + stderr).group(1)
+    assert built == PINNED_IDS.get(cpu_family(), {}).get("default", built), cpu_family()
