@@ -2,6 +2,7 @@
 #   make train   # creates .venv, installs the CPU stack, runs `python -m launch.train`
 #   make test    # the test suite (what .ci/run runs) + ruff
 #   make test-fast  # no Ray: unit, property and doc tests
+#   make test-default-build  # the default model's own pinned build (9-25 min; not in make test)
 # Extra Hydra overrides: make train ARGS="algorithm=grpo trainer.total_steps=20"
 
 PYTHON ?= python3
@@ -13,7 +14,7 @@ PYTEST_ARGS ?=
 # test processes of `make test` (pytest-xdist), each a whole file at a time; 2 for 2 cores
 TEST_WORKERS ?= 2
 
-.PHONY: setup train test test-fast lint bench clean
+.PHONY: setup train test test-fast test-default-build lint bench clean
 
 setup: $(STAMP)
 
@@ -44,6 +45,11 @@ test: setup
 # unit, property and doc tests: no Ray, no actors, no training run (day-to-day work)
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not ray" -q $(PYTEST_ARGS)
+
+# the default model built from nothing and checked against its CPU family's weights id: longer
+# than the CI's budget on its own, so `make test` leaves it out (tests/launch/test_default_build.py)
+test-default-build: setup
+	$(BIN)/python -m pytest -m default_build -s $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

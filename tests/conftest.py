@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import tempfile
@@ -17,7 +16,7 @@ import pytest
 # 54 s sleeping, against 32 s for one alone either way (measured). Results do not change.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from launch.bootstrap import ModelConfig, cache_root, ensure_model  # noqa: E402
+from launch.bootstrap import ModelConfig, ensure_model  # noqa: E402
 from launch.tiny_model import TinyConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +68,6 @@ def pytest_report_header(config) -> str:
 
 
 RAY_DIRS = ("tests/e2e/", "tests/integration/")
-EARLY_BUILD: dict = {}  # the default model's build started at collection (pytest_collection_finish)
 # "gw0", "gw1", ... in a pytest-xdist worker (``make test``: two workers, whole files each)
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
@@ -77,17 +75,15 @@ XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need CUDA: skipped (with the reason) where there is none. Tests that
     start Ray (the ``ray_cluster`` fixture, end-to-end and integration tests) get the ``ray``
-    marker: ``make test-fast`` deselects them. Tests marked ``default_model`` run last, so that
-    the default model's early build (:func:`pytest_collection_finish`) has the session to end.
+    marker: ``make test-fast`` deselects them.
 
     Under pytest-xdist (``make test``: ``--dist loadfile --no-loadscope-reorder`` hands whole
-    files to the workers in this order) the longest come first instead: the default run (it
-    builds its model itself, beside the other worker's tests), then the end-to-end files, then
-    the other Ray tests, so that the short files even out the two workers at the end."""
+    files to the workers in this order) the longest come first: the end-to-end files, then the
+    other Ray tests, so that the short files even out the two workers at the end."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
-    order = {}  # item -> its place under pytest-xdist: default run, end-to-end, Ray, the rest
+    order = {}  # item -> its place under pytest-xdist: end-to-end, Ray, the rest
     for item in items:
         if skip is not None and item.get_closest_marker("gpu") is not None:  # not a word in the id
             item.add_marker(skip)
@@ -95,56 +91,14 @@ def pytest_collection_modifyitems(config, items):
         ray = "ray_cluster" in getattr(item, "fixturenames", ()) or where.startswith(RAY_DIRS)
         if ray:
             item.add_marker(pytest.mark.ray)
-        default = item.get_closest_marker("default_model") is not None
-        order[item] = (not default, not where.startswith("tests/e2e/"), not ray)
-    if XDIST_WORKER is None:
-        items.sort(key=lambda item: not order[item][0])  # stable: the default run last
-    else:
+        order[item] = (not where.startswith("tests/e2e/"), not ray)
+    if XDIST_WORKER is not None:
         items.sort(key=order.__getitem__)
 
 
-def pytest_collection_finish(session):
-    """When a collected test runs the default model (``default_model`` marker), start its
-    pinned build now, in the background at the lowest CPU priority (nice 19): it takes ~5 min
-    on 2 cores, and the session leaves ~20% of the CPU idle (one-process tests, waits on
-    actors), which it soaks up without slowing the tests much. The build is the product's
-    (``ensure_model``: the cache's file lock, the pinned child process); the test that needs
-    the model waits on that lock if the build is still going, and finds the cached model
-    otherwise. Nothing starts when the model is cached (the build returns at once)."""
-    import subprocess
-    import sys
-
-    if XDIST_WORKER is not None:  # the default run goes first there and builds it itself
-        return
-    if not any(item.get_closest_marker("default_model") for item in session.items):
-        return
-    log = Path(tempfile.gettempdir()) / f"avspo-early-build-{os.getpid()}.log"
-    code = "from launch.bootstrap import ModelConfig, ensure_model; ensure_model(ModelConfig())"
-    with open(log, "w") as out:
-        EARLY_BUILD["proc"] = subprocess.Popen(
-            [sys.executable, "-c", code],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_lowest_priority,
-            start_new_session=True,
-        )
-    EARLY_BUILD["log"] = log
-
-
-def _lowest_priority() -> None:
-    """In the child, before it runs: nice 19 within its session, and its session's autogroup
-    (Linux gives each session one, sharing the CPU equally between groups whatever the nice
-    value inside: without this the build took a whole core from the tests, measured) at 19."""
-    os.nice(19)
-    with contextlib.suppress(OSError):  # no autogroups (kernel.sched_autogroup_enabled=0)
-        Path("/proc/self/autogroup").write_text("19")
-
-
 def pytest_sessionfinish(session, exitstatus):
-    """Processes the session started that are still going when it ends (Ctrl-C, ``-x``): the
-    runs of ``tests/e2e/runs.py start_train`` and an early build are killed with their process
-    groups, and the build's half-written folder removed (the cache keeps complete builds only)."""
+    """Runs of ``tests/e2e/runs.py start_train`` still going when the session ends (Ctrl-C,
+    ``-x``) are killed with their process groups; the session's datasets cache is removed."""
     import shutil
     import signal
 
@@ -156,14 +110,6 @@ def pytest_sessionfinish(session, exitstatus):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    proc = EARLY_BUILD.pop("proc", None)
-    if proc is not None and proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        root = cache_root(ModelConfig())
-        for tmp in root.glob(".*.tmp-*"):
-            if not Path(f"/proc/{tmp.name.rsplit('-', 1)[-1]}").exists():
-                shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
