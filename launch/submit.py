@@ -166,6 +166,44 @@ def follow(client, job_id: str, timeout_s: float) -> int:
     return 1
 
 
+def submit_job(
+    client,
+    entrypoint: str,
+    runtime_env: dict,
+    job_id: str | None,
+    *,
+    attempts: int = 3,
+    wait_s: float = 2.0,
+) -> str:
+    """``client.submit_job`` under a submission id fixed here (``job_id``, else a new one), tried
+    again (after 2 s, then 4 s) when the dashboard drops the connection: a head under load closed
+    one mid-upload in a CI run. The fixed id makes a retry safe: a job that the dropped attempt
+    did create is found by its id and entrypoint, and not submitted twice."""
+    import secrets
+    import string
+
+    import requests
+
+    alphabet = string.ascii_letters + string.digits
+    job_id = job_id or "raysubmit_" + "".join(secrets.choice(alphabet) for _ in range(16))
+    tried = 0
+    while True:
+        try:
+            return client.submit_job(
+                entrypoint=entrypoint, runtime_env=runtime_env, submission_id=job_id
+            )
+        except requests.exceptions.ConnectionError as err:
+            with contextlib.suppress(Exception):  # no such job: the attempt did not create it
+                if client.get_job_info(job_id).entrypoint == entrypoint:
+                    return job_id
+            tried += 1
+            if tried == attempts:
+                raise
+            wait = wait_s * 2 ** (tried - 1)
+            print(f"launch.submit: {err}; trying again in {wait:g} s", file=sys.stderr)
+            time.sleep(wait)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m launch.submit",
@@ -210,9 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 "excludes": EXCLUDES,
                 "env_vars": dict(ENV_VARS),
             }
-            job_id = client.submit_job(
-                entrypoint=entrypoint, runtime_env=runtime_env, submission_id=args.job_id
-            )
+            job_id = submit_job(client, entrypoint, runtime_env, args.job_id)
     except Exception as err:  # HTTP errors, duplicate job id, working dir too large, ...
         fail(f"submission to {address} failed: {err}")
     print(f"launch.submit: job {job_id} submitted: {entrypoint}", file=sys.stderr)

@@ -260,3 +260,58 @@ def test_follow_exit_codes(status, hang, code, capsys):
     assert "a log line" in out.out
     assert fake.stopped == (code == 124)
     assert ("exited with 1" in out.err) == (code == 1)
+
+
+class DroppingClient:
+    """What launch.submit.submit_job uses of JobSubmissionClient: the first ``drops`` submissions
+    lose their connection, after creating the job when ``created``."""
+
+    def __init__(self, drops: int, created: bool = False):
+        self.drops, self.created, self.jobs, self.calls = drops, created, {}, []
+
+    def submit_job(self, *, entrypoint, runtime_env, submission_id):
+        import requests
+
+        self.calls.append(submission_id)
+        if len(self.calls) <= self.drops:
+            if self.created:
+                self.jobs[submission_id] = entrypoint
+            raise requests.exceptions.ConnectionError("Connection aborted.")
+        if submission_id in self.jobs:
+            raise RuntimeError(f"job {submission_id} already exists")
+        self.jobs[submission_id] = entrypoint
+        return submission_id
+
+    def get_job_info(self, job_id):
+        return SimpleNamespace(entrypoint=self.jobs[job_id])  # KeyError: no such job
+
+
+@pytest.mark.parametrize("job_id", ["mine", None])
+def test_a_dropped_submission_is_tried_again_under_the_same_id(job_id, capsys):
+    from launch.submit import submit_job
+
+    fake = DroppingClient(drops=2)
+    got = submit_job(fake, "python -m launch.train", {}, job_id, wait_s=0)
+    assert len(fake.calls) == 3 and len(set(fake.calls)) == 1  # one id, three attempts
+    assert got == fake.calls[0] and fake.jobs == {got: "python -m launch.train"}
+    assert got == "mine" if job_id else got.startswith("raysubmit_")
+    assert capsys.readouterr().err.count("trying again") == 2
+
+
+def test_a_job_the_dropped_attempt_created_is_not_submitted_twice():
+    from launch.submit import submit_job
+
+    fake = DroppingClient(drops=1, created=True)
+    assert submit_job(fake, "python -m launch.train", {}, "mine", wait_s=0) == "mine"
+    assert fake.calls == ["mine"]
+
+
+def test_a_connection_that_keeps_dropping_fails_after_three_attempts():
+    import requests
+
+    from launch.submit import submit_job
+
+    fake = DroppingClient(drops=5)
+    with pytest.raises(requests.exceptions.ConnectionError):
+        submit_job(fake, "python -m launch.train", {}, None, wait_s=0)
+    assert len(fake.calls) == 3
