@@ -2,11 +2,12 @@
 README's first command, builds on a fresh machine).
 
 Marked ``default_build`` and left out of ``make test`` (CI): the build is 500 warm-start steps
-of a 3.4M-parameter model under MKL's slow reproducible path, ~9 min alone on the AMD EPYC and
-20-25 min inside a CI run on the Intel Xeon (docs/NOTES.md), more than the CI's whole 20-minute
-budget. ``make test-default-build`` runs it. What CI keeps of it: the same build code and pins on
-two smaller configs with their recorded ids (tests/launch/test_bootstrap.py), and the default
-run's every stage on the session's small model (tests/e2e/test_default_run.py)."""
+of a 3.4M-parameter model under MKL's slow reproducible path: ~9 min alone on the AMD EPYC, 13
+min alone and 20-25 min inside a CI run on the Intel Xeon (docs/NOTES.md), so the build alone
+would take most or all of the CI's 20-minute budget. ``make test-default-build`` runs it. What
+CI keeps of it: the same build code and pins on two smaller configs with their recorded ids
+(tests/launch/test_bootstrap.py), and the default run's every stage on the session's small model
+(tests/e2e/test_default_run.py)."""
 
 from __future__ import annotations
 
