@@ -5,8 +5,9 @@ default one, shortened to 20 steps: it learns, it logs every documented metric, 
 evaluates and reports, and the whole run stays on loopback.
 
 The default model's own build (500 warm-start steps under MKL's slow reproducible path: ~9 min
-alone on the AMD EPYC, 20-25 min inside a CI run on the Intel Xeon) is longer than the CI's whole
-budget; it is tests/launch/test_default_build.py, left out of ``make test``."""
+alone on the AMD EPYC, 13 min alone and 20-25 min inside a CI run on the Intel Xeon) would take
+most or all of the CI's budget; it is tests/launch/test_default_build.py, left out of
+``make test``."""
 
 from __future__ import annotations
 

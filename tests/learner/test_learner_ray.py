@@ -297,14 +297,10 @@ def test_one_rank_gives_the_two_ranks_update(ray_cluster, tiny_model_dir):
     finally:
         group.shutdown()
     expected = _reference_update(tiny_model_dir, batch, cfg)
-    # Equal up to float summation order. The tied embedding's gradient sums the whole
-    # vocabulary's softmax over every position, so its float32 error is ~1e-7 relative to
-    # |g| ~ 1 (one rank against two, before this test compared with the reference: 2.8e-7 on an
-    # Intel Xeon, under 1e-7 on an AMD EPYC). Adam's first step moves a weight by
-    # lr * g / (|g| + eps), whose slope in g is at most lr / eps = 1, so weights may differ by
-    # that much. The bound, lr * 1e-3 = 1e-6, is 100x below the update
-    # itself (checked next) and far below what a real error makes: a dropped or repeated
-    # micro-batch changes the gradient by a whole per-sample gradient's share.
+    # Equal up to float summation order, within the bound of the two-rank test above and for
+    # its reasons (lr * 1e-3 = 1e-6; one rank against two measured 2.8e-7 on an Intel Xeon and
+    # under 1e-7 on an AMD EPYC before this test compared with the reference). A dropped or
+    # repeated micro-batch would change the gradient by a whole per-sample gradient's share.
     before = model.state_dict()
     moved = max((expected[k] - before[k]).abs().max().item() for k in expected)
     assert moved > 1e-4  # the update really moves the weights
