@@ -464,10 +464,19 @@ def test_volumes_hold_the_model_cache_and_outputs_where_the_image_writes_them():
 
 def test_cpu_dockerfile_repeats_the_makefile_setup_in_order():
     """The Makefile installs the project with ``uv pip`` (speed, pip as its fallback) and the
-    image with pip: the same steps, uv's own install aside."""
+    image with pip: the same steps, uv's own install aside. Both write the packages' bytecode:
+    pip does by default, uv only with ``--compile-bytecode`` (without .pyc files and with
+    PYTHONDONTWRITEBYTECODE set, as in the image, every process compiles its imports anew)."""
     make, dock = makefile_pip_steps(), dockerfile_pip_steps(DOCKER / "Dockerfile")
     assert ("install", ("uv",)) in make
-    make = [step for step in make if step != ("install", ("uv",))]
+    [project] = [args for action, args in make if action == "install" and "-e" in args]
+    assert "--compile-bytecode" in project
+    assert not any("--no-compile" in args for _, args in dock)
+    make = [
+        (action, tuple(a for a in args if a != "--compile-bytecode"))
+        for action, args in make
+        if (action, args) != ("install", ("uv",))
+    ]
     assert len(make) >= 4
     assert is_subsequence(make, dock), f"Makefile {make}\nDockerfile {dock}"
     torch = next(
