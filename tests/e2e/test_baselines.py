@@ -1,6 +1,8 @@
-"""The paper's other baselines end to end with real actors (hf engine, verifier pool, 2 DeepSpeed
-ranks), 3 steps each, on the session's tiny model: their metrics are there and finite and their
-own state reaches the checkpoint."""
+"""The paper's other baselines end to end with real actors (hf engine, verifier pool, one DeepSpeed
+rank), 3 steps each, on the session's tiny model: their metrics are there and finite and their
+own state reaches the checkpoint. One rank: what these runs test is the algorithm's wiring, which
+the driver and its stages carry; two ranks are tested by the default run, the fault tests and the
+learner tests (a rank is ~8 core-s to start)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ SHORT = [
     "trainer.eval_every=0",
     "trainer.eval_pass_k=0",
     "logger.report=false",
+    "learner.num_ranks=1",
 ]
 
 

