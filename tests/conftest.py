@@ -141,11 +141,15 @@ def ray_cluster() -> str:
     end-to-end runs that join it (:func:`joined_ray`)."""
     import ray
 
+    # No prestarted workers: each would idle at ~0.65 core-s a minute for the whole session
+    # (measured here; the tests' actors get processes of their own, and the runs that join
+    # are other jobs, which cannot use this driver's workers).
     ray.init(
         num_cpus=8,
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+        _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False},
     )
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
