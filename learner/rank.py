@@ -65,9 +65,7 @@ class LearnerRank:
         self.device = reserved_device(cfg.num_gpus_per_rank)  # what this actor reserved
         if self.device == "cpu":  # DeepSpeed would pick CUDA wherever it is visible
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
-            # A CPU rank compiles nothing, but ZeRO's optimizer check imports DeepSpeed's Muon,
-            # whose @torch.compile decorators import inductor: 1.2 of a rank's ~9.5 core-s to
-            # start. With dynamo off they are no-ops (same weights: docs/NOTES.md 2026-12-03).
+            # compiles nothing: no inductor import for DeepSpeed's Muon (docs/NOTES.md 12-03)
             os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
         self._listeners: dict[int, socket.socket] = {}  # rank 0: bound rendezvous ports
         self.sync_store = None  # rank 0: the weight-sync group's store (one per run)
