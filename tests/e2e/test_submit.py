@@ -47,6 +47,18 @@ class Head(NamedTuple):
     url: str  # the dashboard (job API)
     token: str  # Ray's auth token of this head
     auth_env: dict[str, str]  # what a submitting shell sets to use it
+    temp: str  # its --temp-dir (head.log, session_latest/logs/)
+
+    def log_tails(self, chars: int = 2000) -> str:
+        """The ends of the head's own logs and its dashboard's: a failed submission's message
+        carries them (the fixture deletes the folder when the module ends)."""
+        logs = [Path(self.temp) / "head.log"]
+        logs += sorted((Path(self.temp) / "session_latest" / "logs").glob("dashboard*"))
+        return "".join(
+            f"\n--- {p.name} ---\n{p.read_text(errors='replace')[-chars:]}"
+            for p in logs
+            if p.is_file()
+        )
 
 
 def free_ports(n: int) -> list[int]:
@@ -135,7 +147,7 @@ def ray_head():
                     break
             assert time.monotonic() < deadline, "the Ray head did not come up in 120 s"
             time.sleep(1)
-        yield Head(url, token, auth)
+        yield Head(url, token, auth, temp)
     finally:
         stop_tree(head)
         log.close()
@@ -203,7 +215,7 @@ def test_two_step_run_as_ray_job(ray_head, client, tmp_path, tiny_model_dir):
         WANDB_API_KEY=SECRET, HF_TOKEN=SECRET, **ray_head.auth_env,
     )  # fmt: skip
     took = time.monotonic() - t0
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:] + ray_head.log_tails()
     assert f"job {job_id} SUCCEEDED" in out.stderr, out.stderr
     assert "held-out accuracy" in out.stdout  # the job's log was followed
     assert client.get_job_status(job_id) == JobStatus.SUCCEEDED
