@@ -320,7 +320,7 @@ def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 143, stderr[-3000:]
     assert max(rows(run)) == 3  # step 3 finished and checkpointed (periodic saves: 2 and 4)
-    assert latest.read_text().strip() == "step_000003"
+    assert _latest(latest) == "step_000003"
     assert "stopped by SIGTERM after step 3" in stderr and "trainer.resume=auto" in stderr
     assert "restarting" in stderr + stdout
     assert rows(run)[3]["fault/actor_restarts"] == 2.0

@@ -326,7 +326,7 @@ def test_kl_to_the_reference_model(ray_cluster, tiny_model_dir):
     _, first = train_batch(model, seed=3)
     _, second = train_batch(model, seed=4)
     results = {}
-    for kl in (0.0, 0.5):  # one rank each: the reference is per rank (the rank count: above)
+    for kl in (0.0, 0.5):  # one rank each: each rank holds its own reference; two: tests above
         cfg = LearnerConfig(
             num_ranks=1, zero_stage=2, lr=1e-2, micro_batch_size=4, adam_eps=1e-3, timeout_s=600
         )
