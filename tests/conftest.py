@@ -68,6 +68,11 @@ def pytest_report_header(config) -> str:
 
 
 RAY_DIRS = ("tests/e2e/", "tests/integration/")
+# Files that need no session model, run under pytest-xdist as the second and fourth files
+# handed out, that is first on the worker that does not build FAST_TINY: the pinned build runs
+# on one core for ~115 s on this Intel (MKL's reproducible path; 110 core-s in 116 s alone,
+# measured), and the other worker would otherwise wait on the cache's lock with its core idle.
+WHILE_BUILDING = ("tests/rollout/test_gpu.py", "tests/unit/test_config.py")
 # "gw0", "gw1", ... in a pytest-xdist worker (``make test``: two workers, whole files each)
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
@@ -79,7 +84,8 @@ def pytest_collection_modifyitems(config, items):
 
     Under pytest-xdist (``make test``: ``--dist loadfile --no-loadscope-reorder`` hands whole
     files to the workers in this order) the longest come first: the end-to-end files, then the
-    other Ray tests, so that the short files even out the two workers at the end."""
+    other Ray tests, so that the short files even out the two workers at the end; the files of
+    ``WHILE_BUILDING`` go second and fourth (the first two of the worker that does not build)."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
@@ -87,13 +93,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if skip is not None and item.get_closest_marker("gpu") is not None:  # not a word in the id
             item.add_marker(skip)
-        where = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        where = _where(item)
         ray = "ray_cluster" in getattr(item, "fixturenames", ()) or where.startswith(RAY_DIRS)
         if ray:
             item.add_marker(pytest.mark.ray)
         order[item] = (not where.startswith("tests/e2e/"), not ray)
     if XDIST_WORKER is not None:
         items.sort(key=order.__getitem__)
+        files = list(dict.fromkeys(_where(item) for item in items))
+        early = [f for f in WHILE_BUILDING if f in files]
+        files = [f for f in files if f not in early]
+        for place, f in zip((1, 3), early, strict=False):
+            files.insert(place, f)
+        rank = {f: i for i, f in enumerate(files)}
+        items.sort(key=lambda item: rank[_where(item)])
+
+
+def _where(item) -> str:
+    return Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
 
 
 def pytest_sessionfinish(session, exitstatus):
