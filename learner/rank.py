@@ -157,11 +157,9 @@ class LearnerRank:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
+        config = deepspeed_config(self.cfg, self.dtype)
         engine, optimizer, _, scheduler = deepspeed.initialize(
-            model=model,
-            optimizer=optimizer,
-            lr_scheduler=scheduler,
-            config=deepspeed_config(self.cfg, self.dtype),
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
         )
         return engine, optimizer, scheduler
 
@@ -398,9 +396,12 @@ class LearnerRank:
         return snapshot()
 
     def save(self, folder: str) -> None:
-        """DeepSpeed's checkpoint (shards, optimizer, scheduler) in ``folder/deepspeed`` on every
-        rank; rank 0 writes the HF model in ``folder/model`` (LoRA: merged, and ``adapter/``)."""
-        self.engine.save_checkpoint(folder, tag="deepspeed", save_latest=False)
+        """DeepSpeed's checkpoint in ``folder/deepspeed`` on every rank (LoRA: without the frozen
+        weights); rank 0 writes the HF model in ``folder/model`` (LoRA: merged, and adapter/)."""
+        frozen_out = self.cfg.lora.rank > 0
+        self.engine.save_checkpoint(
+            folder, "deepspeed", save_latest=False, exclude_frozen_parameters=frozen_out
+        )
         exported = self.export_weights(adapter=True)
         if self.rank == 0:
             from transformers import AutoTokenizer
@@ -416,9 +417,8 @@ class LearnerRank:
         from learner.checkpoint import safe_torch_load
 
         self.engine.checkpoint_engine.load = safe_torch_load
-        path, _ = self.engine.load_checkpoint(
-            folder, tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+        strict = self.cfg.lora.rank == 0  # LoRA: the frozen weights are the base model's
+        path, _ = self.engine.load_checkpoint(folder, "deepspeed", load_module_strict=strict)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {folder}")
 

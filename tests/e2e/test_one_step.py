@@ -85,11 +85,16 @@ def test_one_step_overlap_lags_one_version_corrects_and_resumes_bit_exactly(
 
 def _check_lora_checkpoint(ckpt) -> None:
     """A LoRA checkpoint: the merged model in ``model/``, the adapter alone in ``adapter/``,
-    and DeepSpeed's optimizer state for the adapters only (full tuning keeps fp32 weights and
-    two Adam moments per parameter: more than 2x the model file; the adapters are ~3% of it)."""
+    and DeepSpeed's optimizer state and module state for the adapters only (full tuning keeps
+    fp32 weights and two Adam moments per parameter: more than 2x the model file; the adapters
+    are ~3% of it; the frozen weights are the base model's, so a resume reloads them)."""
     model = (ckpt / "model" / "model.safetensors").stat().st_size
     adapter = ckpt / "adapter"
     assert (adapter / "adapter_config.json").exists()
     assert 0 < (adapter / "adapter_model.safetensors").stat().st_size < model / 10
     optim = sum(f.stat().st_size for f in (ckpt / "deepspeed").rglob("*optim_states.pt"))
     assert 0 < optim < model, (optim, model)
+    states = sum(f.stat().st_size for f in (ckpt / "deepspeed").rglob("*model_states.pt"))
+    # with the frozen weights it would be at least the model file (3.4 MB here); the adapters
+    # and DeepSpeed's bookkeeping are ~0.39 MB (measured)
+    assert 0 < states < model / 4, (states, model)
