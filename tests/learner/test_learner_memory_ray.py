@@ -47,10 +47,28 @@ def _update(model_dir, batch, **options) -> tuple[dict, dict]:
         group.shutdown()
 
 
+@pytest.fixture(scope="module")
+def plain(ray_cluster, tiny_model_dir):
+    """``plain(stage)``: the plain update of :func:`_batch` (count-based micro-batches of 3, full
+    logits, so no shared prefix) under that ZeRO stage, computed once per module: the memory
+    options and the shared prefix below must each reproduce it (a 2-rank group is ~20 core-s to
+    start here)."""
+    done = {}
+
+    def get(stage: int) -> tuple[dict, dict]:
+        if stage not in done:
+            done[stage] = _update(
+                tiny_model_dir, _batch(), zero_stage=stage, micro_batch_size=3, logits="full"
+            )
+        return done[stage]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_token_budget_chunked_checkpointed_update_equals_the_count_based_full_one(
-    ray_cluster, tiny_model_dir, stage
+    tiny_model_dir, plain, stage
 ):
     batch = _batch()
     budget, chunk_tokens = 24, 2
@@ -67,9 +85,7 @@ def test_token_budget_chunked_checkpointed_update_equals_the_count_based_full_on
     ]
     assert own[0][: len(own[1])] != own[1][: len(own[0])], own
 
-    base_metrics, base = _update(
-        tiny_model_dir, batch, zero_stage=stage, micro_batch_size=3, logits="full"
-    )
+    base_metrics, base = plain(stage)
     metrics, got = _update(
         tiny_model_dir,
         batch,
@@ -92,11 +108,12 @@ def test_token_budget_chunked_checkpointed_update_equals_the_count_based_full_on
 
 
 @pytest.mark.slow
-def test_shared_prefix_update_equals_the_plain_one(ray_cluster, tiny_model_dir):
-    """Prompts computed once per group on real ZeRO-2 ranks: the same update as every row in
-    full, on fewer decoder tokens. Groups stay whole per rank (4 groups of 4 over 2 ranks)."""
+def test_shared_prefix_update_equals_the_plain_one(tiny_model_dir, plain):
+    """Prompts computed once per group on real ZeRO-2 ranks (the default token budget and
+    chunked logits): the same update as every row in full, on fewer decoder tokens. Groups stay
+    whole per rank (4 groups of 4 over 2 ranks)."""
     batch = _batch()
-    base_metrics, base = _update(tiny_model_dir, batch, shared_prefix=False)
+    base_metrics, base = plain(2)
     metrics, got = _update(tiny_model_dir, batch, shared_prefix=True)
     # plain: every real token; shared: 4 prompts once + each response but its last token
     lens, prompts = batch.attention_mask.sum(1), batch.prompt_lens
