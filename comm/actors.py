@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 
 class ActorGroupError(RuntimeError):
@@ -55,6 +55,39 @@ def get(refs: list, *, timeout_s: float, what: str) -> list:
         raise ActorGroupError(f"{what}: no answer within {timeout_s:.0f} s") from None
     except RayActorError as err:
         raise ActorGroupError(f"{what}: an actor died ({type(err).__name__}: {err})") from err
+    except RayTaskError as err:
+        # A member's death often surfaces first as its peers' failure (a DeepSpeed rank's
+        # collective: "Connection closed by peer"): name the death, the cause, when there is one.
+        died = _a_death(refs, DEATH_GRACE_S)
+        if died is None:
+            raise
+        cause = getattr(err, "cause", None) or err  # the exception raised inside the call
+        raise ActorGroupError(
+            f"{what}: an actor died ({type(died).__name__}: {died}); a peer failed with it "
+            f"({type(cause).__name__}: {cause})"
+        ) from died
+
+
+DEATH_GRACE_S = 10.0  # how long a failed call waits for its peers' deaths to be reported
+
+
+def _a_death(refs: list, grace_s: float) -> RayActorError | None:
+    """The error of a call in ``refs`` whose actor died, if one is reported within
+    ``grace_s``; None when every call ends otherwise or none ends in time."""
+    deadline = time.monotonic() + grace_s
+    pending = list(refs)
+    while pending:
+        left = max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not ready:
+            return None
+        try:
+            ray.get(ready[0])
+        except RayActorError as err:
+            return err
+        except Exception:  # another call's own failure: keep looking
+            continue
+    return None
 
 
 class ActorDied(ActorGroupError):

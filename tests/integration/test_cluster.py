@@ -99,6 +99,20 @@ class _Member:
 
         os._exit(1)
 
+    def die_once(self, marker: str) -> None:
+        """Exits once ``marker`` exists (its peer has failed by then)."""
+        import os
+        import time
+
+        while not os.path.exists(marker):
+            time.sleep(0.05)
+        os._exit(1)
+
+    def fail(self, marker: str) -> None:
+        """Fails as a live DeepSpeed rank's collective does when its peer dies."""
+        open(marker, "w").close()
+        raise RuntimeError("Connection closed by peer")
+
 
 @pytest.mark.slow
 def test_get_stops_at_the_first_death_not_at_the_slowest_call(ray_cluster):
@@ -116,6 +130,27 @@ def test_get_stops_at_the_first_death_not_at_the_slowest_call(ray_cluster):
         get([slow.block.remote(120), doomed.die.remote()], timeout_s=300, what="training step")
     assert time.monotonic() - t0 < 60
     ray.kill(slow)
+
+
+@pytest.mark.slow
+def test_a_peers_failure_reported_before_the_death_still_names_the_death(ray_cluster, tmp_path):
+    """The fault test's rank kill, in small: the live member's call fails first (its collective
+    lost the peer), the dead member's death is reported after. ``get`` names the death (what the
+    emergency note then says), not only the symptom; a failure without a death stays itself."""
+    from comm.actors import ActorGroupError, get
+
+    live, doomed = spawn_actor_group(_Member, 2, num_cpus=0.25)
+    marker = str(tmp_path / "failed")
+    calls = [live.fail.remote(marker), doomed.die_once.remote(marker)]  # the failure listed first
+    died = "(?s)update: an actor died .*RuntimeError: Connection closed by peer"
+    with pytest.raises(ActorGroupError, match=died):
+        get(calls, timeout_s=120, what="update")
+    ray.kill(live)
+    other, peer = spawn_actor_group(_Member, 2, num_cpus=0.25)
+    with pytest.raises(ray.exceptions.RayTaskError, match="Connection closed by peer"):
+        get([other.fail.remote(marker), peer.block.remote(0)], timeout_s=120, what="update")
+    for actor in (other, peer):
+        ray.kill(actor)
 
 
 def test_colocated_stages_share_one_group_and_split_the_node_by_phase(ray_cluster):
