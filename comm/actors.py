@@ -45,7 +45,8 @@ def spawn_actor_group(
 
 
 def get(refs: list, *, timeout_s: float, what: str) -> list:
-    """``ray.get`` with a timeout and a clear error naming ``what`` failed."""
+    """``ray.get`` with a timeout and a clear error naming ``what`` failed: a death among the
+    calls is what it names, also when a peer's failure was reported first."""
     try:
         return ray.get(refs, timeout=timeout_s)
     except GetTimeoutError:
