@@ -58,7 +58,7 @@ def get(refs: list, *, timeout_s: float, what: str) -> list:
         raise ActorGroupError(f"{what}: an actor died ({type(err).__name__}: {err})") from err
     except RayTaskError as err:
         # A member's death often surfaces first as its peers' failure (a DeepSpeed rank's
-        # collective: "Connection closed by peer"): name the death, the cause, when there is one.
+        # collective: "Connection closed by peer"): name the death, the cause, when one is reported.
         died = _a_death(refs, DEATH_GRACE_S)
         if died is None:
             raise

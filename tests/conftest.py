@@ -94,27 +94,24 @@ def pytest_collection_modifyitems(config, items):
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     order = {}  # item -> its place under pytest-xdist: end-to-end, Ray, the rest
+    path = {}  # item -> its file, relative to the repository
     for item in items:
         if skip is not None and item.get_closest_marker("gpu") is not None:  # not a word in the id
             item.add_marker(skip)
-        where = _where(item)
+        where = path[item] = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
         ray = "ray_cluster" in getattr(item, "fixturenames", ()) or where.startswith(RAY_DIRS)
         if ray:
             item.add_marker(pytest.mark.ray)
         order[item] = (not where.startswith("tests/e2e/"), not ray)
     if XDIST_WORKER is not None:
         items.sort(key=order.__getitem__)
-        files = list(dict.fromkeys(_where(item) for item in items))
+        files = list(dict.fromkeys(path[item] for item in items))
         early = [f for f in WHILE_BUILDING if f in files]
         files = [f for f in files if f not in early]
         for place, f in zip((1, 3), early, strict=False):
             files.insert(place, f)
         rank = {f: i for i, f in enumerate(files)}
-        items.sort(key=lambda item: rank[_where(item)])
-
-
-def _where(item) -> str:
-    return Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        items.sort(key=lambda item: rank[path[item]])
 
 
 def pytest_sessionfinish(session, exitstatus):
