@@ -25,11 +25,14 @@ Items:
 - ``zero0``: one bf16 step at ZeRO-0 (its own finiteness flag, all-reduced on the device).
 - ``sync group``: the weight-sync group's constructor (NCCL on the GPU) and one header and one
   bucket broadcast at world size 1.
-- ``hf engine``: seeded sampling on the device (same seed, same tokens; another seed, other
+- ``hf engine``: it loads the learner's weights after its steps (every tensor equal, policy
+  version 2), then seeded sampling on the device (same seed, same tokens; another seed, other
   tokens), and its log-probs against the learner's (bf16 both). The limit is sized from a
   baseline measured in the same run: the gap between the engine's own decode log-probs and its
   full forward of the same sequences (two bf16 evaluations of the same weights); the learner's
-  gap must stay within 4x that floor (at least 1e-3).
+  gap must stay within 4x that floor (at least 1e-3). A figure beside it, the engine's own
+  forward of the learner's padded batch against its decode, tells a padding effect from a
+  learner defect.
 """
 
 from __future__ import annotations
@@ -230,7 +233,15 @@ def item_engine(model: str, device: str, rank, cfg) -> dict:
     from rollout.hf_engine import HFEngine
     from rollout.types import SamplingConfig
 
+    # the rank took two steps (warm-up and timed; the poisoned one was skipped): the engine
+    # loads its weights as a weight sync would, so that both sides hold the same policy
     engine = HFEngine(model, dtype="bfloat16", device=device)
+    learned = weights(rank)
+    engine.load_weights([learned], version=2)
+    held = engine.model.state_dict()
+    same = held.keys() == learned.keys() and all(
+        torch.equal(held[n].cpu(), learned[n]) for n in held
+    )
     prompts = ["12+7=", "3*4=", "40-9=", "5+5="]
     params = SamplingConfig(n=4, temperature=1.0, max_new_tokens=32, seed=7)
     a = engine.generate(prompts, params)
@@ -247,14 +258,30 @@ def item_engine(model: str, device: str, rank, cfg) -> dict:
             n += len(s.logprobs)
     floor = floor_sum / max(n, 1)
     batch = build_batch(a, torch.zeros(sum(len(g.samples) for g in a)), pad_id=0)
-    m = step(rank, cfg, batch, learner_version=0)  # the learner's version 0: the model's
+    batched = batched_gap(engine, batch)
+    m = step(rank, cfg, batch, learner_version=engine.policy_version)
     gap = m["rollout/logprob_abs_diff_mean"]
     limit = gap_limit(floor)
     return {
         "engine_seeded": {"ok": seeded, "samples": len(ids(a))},
-        "engine_gap": {"ok": gap <= limit, "gap_mean": gap, "gap_max":
-                       m["rollout/logprob_abs_diff_max"], "floor": floor, "limit": limit},
+        "engine_gap": {"ok": gap <= limit and same, "gap_mean": gap, "gap_max":
+                       m["rollout/logprob_abs_diff_max"], "floor": floor, "limit": limit,
+                       "weights_equal": same, "policy_version": engine.policy_version,
+                       "engine_batched_gap": batched},
     }  # fmt: skip
+
+
+@torch.no_grad()
+def batched_gap(engine, batch) -> float:
+    """A figure, not a test: the engine's own model run on the learner's right-padded batch
+    (one forward of every row) against its decode log-probs. Near the learner's gap, the gap
+    comes from scoring padded batches, not from the learner's code (two H200 runs measured a
+    learner gap 5.5x the floor: docs/NOTES.md)."""
+    ids = batch.input_ids.to(engine.device)
+    logits = engine.model(input_ids=ids, attention_mask=batch.attention_mask.to(engine.device))
+    logp = torch.log_softmax(logits.logits.float()[:, :-1], -1).gather(-1, ids[:, 1:, None])
+    mask = batch.response_mask[:, 1:].bool()
+    return float((logp[..., 0].cpu() - batch.old_logprobs[:, 1:]).abs()[mask].mean())
 
 
 def child(item: str, model: str, device: str) -> dict:

@@ -28,7 +28,12 @@ def test_learner_gpu_check_passes_on_cpu(tmp_path):
     figures = json.loads((tmp_path / "figures.json").read_text())
     items = {k: v for k, v in figures.items() if isinstance(v, dict) and "ok" in v}
     assert len(items) == 13 and all(v["ok"] for v in items.values()), items
-    assert figures["zero2 engine_gap"]["gap_mean"] <= figures["zero2 engine_gap"]["limit"]
+    gap = figures["zero2 engine_gap"]
+    assert gap["gap_mean"] <= gap["limit"]
+    # the gap compares one policy: the engine holds the learner's weights after its two steps
+    # (warm-up and timed; the poisoned one is skipped), as after a weight sync (the first H200
+    # run compared the model's initial weights with the stepped learner: 0.0115 > limit 0.0095)
+    assert gap["weights_equal"] is True and gap["policy_version"] == 2
     assert out.stdout.count("PASS") == 14  # 13 items and the summary
 
 
