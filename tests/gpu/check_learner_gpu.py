@@ -277,11 +277,13 @@ def batched_gap(engine, batch) -> float:
     (one forward of every row) against its decode log-probs. Near the learner's gap, the gap
     comes from scoring padded batches, not from the learner's code (two H200 runs measured a
     learner gap 5.5x the floor: docs/NOTES.md)."""
+    from learner.logprobs import token_logprobs
+
     ids = batch.input_ids.to(engine.device)
-    logits = engine.model(input_ids=ids, attention_mask=batch.attention_mask.to(engine.device))
-    logp = torch.log_softmax(logits.logits.float()[:, :-1], -1).gather(-1, ids[:, 1:, None])
-    mask = batch.response_mask[:, 1:].bool()
-    return float((logp[..., 0].cpu() - batch.old_logprobs[:, 1:]).abs()[mask].mean())
+    out = engine.model(input_ids=ids, attention_mask=batch.attention_mask.to(engine.device))
+    logp, _ = token_logprobs(out.logits, ids)
+    mask = batch.response_mask.bool()
+    return float((logp.cpu() - batch.old_logprobs).abs()[mask].mean())
 
 
 def child(item: str, model: str, device: str) -> dict:
