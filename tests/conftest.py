@@ -28,7 +28,7 @@ os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 os.environ.setdefault("AUTOSCALER_UPDATE_INTERVAL_S", "60")
 
 from launch.bootstrap import ModelConfig, ensure_model  # noqa: E402
-from launch.tiny_model import TinyConfig  # noqa: E402
+from launch.tiny_model import FAST_TINY, TinyConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # the datasets library's cache (local task files are converted into it): the session's own,
@@ -37,32 +37,19 @@ DATASETS_CACHE = os.environ.setdefault(
     "HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="avspo-test-datasets-")
 )
 
-# Rollout/learner tests need a model that emits EOS and mixes right and wrong answers, not a
-# good one: 0.86M parameters, 150 warm-start steps (~10 s).
-FAST_TINY = TinyConfig(
-    hidden_size=128,
-    num_layers=4,
-    num_heads=4,
-    intermediate_size=384,
-    sft_steps=150,
-    sft_batch_size=128,
-    sft_lr=3e-3,
-    sft_levels=[0, 1, 2],
-    seed=0,
-)
 
-
+# Rollout/learner tests use FAST_TINY (launch/tiny_model.py), a small model that ships with the
+# project (launch/assets/tiny-fast): it emits EOS and mixes right and wrong answers.
 def fast_tiny_overrides(tiny_model_dir: str) -> list[str]:
-    """Hydra overrides that select the session's FAST_TINY model (built by the ``tiny_model_dir``
-    fixture, so a run finds it in the cache) and the easy task level it handles (L1)."""
+    """Hydra overrides that select FAST_TINY (the shipped model the ``tiny_model_dir`` fixture
+    resolves) and the easy task level it handles (L1)."""
     default = TinyConfig()
     tiny = [
         f"model.tiny.{f.name}={getattr(FAST_TINY, f.name)}"
         for f in dataclasses.fields(TinyConfig)
         if getattr(FAST_TINY, f.name) != getattr(default, f.name)
     ]
-    cache = os.path.dirname(tiny_model_dir)
-    return [f"model.cache_dir={cache}", *tiny, "task.difficulty=1", "task.num_test=32"]
+    return [*tiny, "task.difficulty=1", "task.num_test=32"]
 
 
 def pytest_report_header(config) -> str:
@@ -79,11 +66,6 @@ def pytest_report_header(config) -> str:
 
 
 RAY_DIRS = ("tests/e2e/", "tests/integration/")
-# Files that need no session model, run under pytest-xdist as the second and fourth files
-# handed out, that is first on the worker that does not build FAST_TINY: the pinned build runs
-# on one core for ~115 s on this Intel (MKL's reproducible path; 110 core-s in 116 s alone,
-# measured), and the other worker would otherwise wait on the cache's lock with its core idle.
-WHILE_BUILDING = ("tests/rollout/test_gpu.py", "tests/unit/test_config.py")
 # "gw0", "gw1", ... in a pytest-xdist worker (``make test``: two workers, whole files each)
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
@@ -95,30 +77,21 @@ def pytest_collection_modifyitems(config, items):
 
     Under pytest-xdist (``make test``: ``--dist loadfile --no-loadscope-reorder`` hands whole
     files to the workers in this order) the longest come first: the end-to-end files, then the
-    other Ray tests, so that the short files even out the two workers at the end; the files of
-    ``WHILE_BUILDING`` go second and fourth (the first two of the worker that does not build)."""
+    other Ray tests, so that the short files even out the two workers at the end."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     order = {}  # item -> its place under pytest-xdist: end-to-end, Ray, the rest
-    path = {}  # item -> its file, relative to the repository
     for item in items:
         if skip is not None and item.get_closest_marker("gpu") is not None:  # not a word in the id
             item.add_marker(skip)
-        where = path[item] = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        where = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
         ray = "ray_cluster" in getattr(item, "fixturenames", ()) or where.startswith(RAY_DIRS)
         if ray:
             item.add_marker(pytest.mark.ray)
         order[item] = (not where.startswith("tests/e2e/"), not ray)
     if XDIST_WORKER is not None:
         items.sort(key=order.__getitem__)
-        files = list(dict.fromkeys(path[item] for item in items))
-        early = [f for f in WHILE_BUILDING if f in files]
-        files = [f for f in files if f not in early]
-        for place, f in zip((1, 3), early, strict=False):
-            files.insert(place, f)
-        rank = {f: i for i, f in enumerate(files)}
-        items.sort(key=lambda item: rank[path[item]])
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -138,14 +111,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> str:
-    """FAST_TINY's folder, built once per test session: under pytest-xdist in the folder the
-    workers share (the first builds it, the other waits on the cache's lock)."""
-    base = tmp_path_factory.getbasetemp()
-    cache = (base.parent if XDIST_WORKER else base) / "model_cache"
-    return ensure_model(
-        ModelConfig(source="tiny", cache_dir=str(cache), tiny=FAST_TINY), log=lambda *_: None
-    )
+def tiny_model_dir() -> str:
+    """FAST_TINY's folder: the shipped one (launch/assets/tiny-fast), its id checked at load."""
+    return ensure_model(ModelConfig(source="tiny", tiny=FAST_TINY), log=lambda *_: None)
 
 
 @pytest.fixture(scope="session")

@@ -155,6 +155,18 @@ def test_the_wheel_is_imported_not_the_checkout(installed):
         assert not f.is_relative_to(ROOT), f
 
 
+def test_the_wheel_loads_the_shipped_default_model_with_no_build(installed, tmp_path):
+    """The default model's weights travel in the wheel (launch/assets/) and load from there,
+    their id checked: an empty model cache stays empty."""
+    code = ("from launch.bootstrap import ModelConfig, ensure_model; "
+            f"ensure_model(ModelConfig(cache_dir={str(tmp_path)!r}))")  # fmt: skip
+    out = installed.run("python", "-c", code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("weights id: 4aa8613f (shipped: "), out.stdout
+    assert Path(out.stdout.split("shipped: ")[1].rstrip(")\n")).is_relative_to(installed.site)
+    assert not any(tmp_path.iterdir())
+
+
 def test_train_prints_the_default_config_from_an_empty_directory(installed):
     """``avspo-train --cfg job`` = ``python -m launch.train --cfg job`` in the checkout; before
     conf was shipped it failed with "Primary config directory not found"."""
