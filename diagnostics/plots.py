@@ -11,6 +11,7 @@ from pathlib import Path
 
 from diagnostics.runs import Run, early_warning_step
 from diagnostics.stats import PAPER_INTERCEPT, PAPER_R2, PAPER_SLOPE
+from diagnostics.summary import augmented_groups
 
 
 def _figure(nrows: int = 1):
@@ -73,10 +74,15 @@ def _plot_avspo(run: Run, path: Path) -> str | None:
     fig, (ax,) = _figure()
     ax.plot(*run.series("acr/raw"), color="0.5", label="acr/raw")
     ax.plot(*run.series("avspo/tau_adapt"), color="C1", label="avspo/tau_adapt (threshold)")
-    on = [s for s, v in zip(steps, trig, strict=True) if v > 0.5]
-    y = [run.rows[s].get("acr/raw", 1.0) for s in on]  # markers sit on the ACR curve
-    label = f"triggered ({len(on)} of {len(steps)} steps)"
-    ax.scatter(on, y, marker="^", color="C3", zorder=3, label=label)
+    # markers on the ACR curve: steps that augmented a group; decisions that found none apart
+    did = {s for s, n in zip(*augmented_groups(run), strict=True) if n > 0}
+    idle = [s for s, v in zip(steps, trig, strict=True) if v > 0.5 and s not in did]
+    for marks, style, label in (
+        (sorted(did), "^", f"augmented a group ({len(did)} of {len(steps)} steps)"),
+        (idle, "x", f"triggered, nothing to augment ({len(idle)} steps)"),
+    ):
+        y = [run.rows[s].get("acr/raw", 1.0) for s in marks]
+        ax.scatter(marks, y, marker=style, color="C3", zorder=3, label=label)
     ax.set_ylabel("fraction of groups")
     _save(fig, path, f"{run.name}: AVSPO trigger")
     return None

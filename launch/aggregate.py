@@ -2,9 +2,10 @@
 adjustment, differences at equal rollout tokens, fitted lines, plots, and the markdown written
 into docs/RESULTS.md.
 
-The primary endpoint is held-out mean@k at temperature 1 (k samples per test problem: far less
-noisy than the greedy accuracy beside it); an experiment whose rows lack it (``eval_pass_k=0``)
-falls back to greedy accuracy, and says so in its table."""
+The primary endpoint is the experiment's ``endpoint``: held-out mean@n at temperature 1 (the
+mean solve rate of n samples per test problem: far less noisy than the greedy accuracy beside
+it), or greedy accuracy where the experiment names it (a grid run with ``eval_pass_k=0``). An ok
+row without it is refused (:func:`primary_key`), never replaced by the other figure."""
 
 from __future__ import annotations
 
@@ -26,24 +27,26 @@ from diagnostics.stats import (
     holm,
     paired,
 )
-from launch.experiments import FIGURES, ROOT, Experiment, cell_id
+from launch.experiments import ENDPOINTS, FIGURES, ROOT, Experiment, ExperimentError, cell_id
 from launch.grid import command, latest, models_of, read_rows, rows_of
 
 # --- the aggregate --------------------------------------------------------------------------
 
 
-# the primary endpoint -> (its curve in a row's evals, its gain, the endpoint shown beside it)
-ENDPOINTS = {
-    "final_mean_at_k": ("mean_at_k", "gain_mean_at_k", "final_accuracy"),
-    "final_accuracy": ("accuracy", "gain", "final_mean_at_k"),
-}
-
-
-def primary_key(rows: list[dict]) -> str:
-    """``final_mean_at_k`` when any ok row has it, else ``final_accuracy`` (greedy)."""
-    ok = [r for r in rows if r.get("status") == "ok"]
-    has_mean_at_k = any(r.get("final_mean_at_k") is not None for r in ok)
-    return "final_mean_at_k" if has_mean_at_k else "final_accuracy"
+def primary_key(exp: Experiment, rows: list[dict]) -> str:
+    """The experiment's ``endpoint``, which every ok row of ``rows`` must carry: a row without
+    it raises :class:`ExperimentError` (its run's evaluation did not write it), never a silent
+    fallback to another figure."""
+    key = exp.endpoint
+    missing = [r for r in rows if r.get("status") == "ok" and r.get(key) is None]
+    if missing:
+        first = ", ".join(f"{r.get('cell_id')} seed {r.get('seed')}" for r in missing[:3])
+        raise ExperimentError(
+            f"{exp.path}: endpoint: {key} is missing from {len(missing)} ok "
+            f"row{'s' if len(missing) > 1 else ''} of {exp.results} ({first}): their runs did "
+            "not evaluate it (final_accuracy is for grids without sampled evaluation)"
+        )
+    return key
 
 
 def at_tokens(row: dict, tokens: float, key: str) -> float | None:
@@ -145,7 +148,7 @@ def aggregate(
     done = latest(rows_of(rows, model), exp)
     ok = {key: _with_derived(r) for key, r in done.items() if r.get("status") == "ok"}
     same = identical_cells(exp, done, others)
-    primary = primary_key(list(ok.values()))
+    primary = primary_key(exp, list(ok.values()))
     _, gain_key, _ = ENDPOINTS[primary]
     out = []
     for cell in exp.cells:
@@ -244,17 +247,19 @@ def report_markdown(
     were made from (:func:`models_of`; one block unless the grid ran on CPUs that build different
     tiny models) its tables, fit, failed runs and ``plots[model]``, then every cell's command."""
     plots = plots or {}
+    mean = exp.endpoint == "final_mean_at_k"
+    primary = "final mean@k at T = 1" if mean else "final greedy accuracy"
     lines = [
         f"### {exp.name}",
         "",
         exp.description,
         "",
         "Figures: mean +- 95% CI half-width (Student t over seeds; none for one seed). Differences "
-        "are paired per seed against the baseline cell, in points; the primary one (final mean@k "
-        "at T = 1, or greedy accuracy where the rows have no mean@k) also as a share of the "
-        "baseline's own gain, with its paired t-test p-value Holm-adjusted over every "
-        "comparison of the experiment (identical arms counted once). 'At equal tokens': both "
-        "runs' curves interpolated at the smaller of their two rollout-token totals. Rerun or "
+        f"are paired per seed against the baseline cell, in points; the primary one ({primary}, "
+        "the experiment's endpoint) also as a share of the baseline's own gain, with its paired "
+        "t-test p-value Holm-adjusted over every comparison of the experiment (identical arms "
+        "counted once). 'At equal tokens': both runs' curves interpolated at the smaller of "
+        "their two rollout-token totals. Rerun or "
         f"continue: `python -m launch.reproduce {shown_path(exp.path)}`; rows: "
         f"`{shown_path(exp.results)}`. Rows are kept apart by the model weights they started "
         "from (`model` in a row): the tiny model's warm start depends on the CPU.",
@@ -298,7 +303,7 @@ def model_block(
         f"{total} runs ({n_ok} ok)",
         "",
     ]
-    primary = primary_key(list(done.values()))
+    primary = primary_key(exp, list(done.values()))
     heads = {k: (h, sc) for k, h, sc in FIGURES}
     group_values = list(exp.axes[exp.tables_by]) if exp.tables_by else [None]
     axes = [a for a in exp.axes if a != exp.tables_by]
@@ -414,7 +419,7 @@ def write_plots(exp: Experiment, rows: list[dict], folder: Path, suffix: str = "
 
     folder.mkdir(parents=True, exist_ok=True)
     stats = aggregate(exp, rows)
-    primary = primary_key(list(latest(rows, exp).values()))
+    primary = primary_key(exp, list(latest(rows, exp).values()))
     label = {"final_mean_at_k": "final mean@k, T = 1", "final_accuracy": "final greedy accuracy"}
     written = []
     values = list(exp.axes[exp.tables_by]) if exp.tables_by else [None]

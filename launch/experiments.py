@@ -24,6 +24,13 @@ KEYS = {
     "fit",
     "timeout_s",
     "report",
+    "endpoint",
+}
+# The primary endpoints an experiment may name (``endpoint``; its ok rows must carry it) ->
+# (its curve in a row's evals, its gain, the endpoint shown beside it)
+ENDPOINTS = {
+    "final_mean_at_k": ("mean_at_k", "gain_mean_at_k", "final_accuracy"),
+    "final_accuracy": ("accuracy", "gain", "final_mean_at_k"),
 }
 # The figures aggregated per cell, in table order: (row key, heading, scale for display)
 FIGURES = (
@@ -63,6 +70,9 @@ class Experiment:
     # fitted lines over every ok row, each {"x": row key, "y": row key} (YAML: one or a list)
     fits: list[dict] = field(default_factory=list)
     timeout_s: float = 3600.0
+    # the primary endpoint, named before the runs: held-out mean@n at T = 1 (the default), or
+    # greedy accuracy for a grid that samples none (eval_pass_k=0); never a silent fallback
+    endpoint: str = "final_mean_at_k"
     cells: list[dict[str, str]] = field(init=False)
 
     def __post_init__(self):
@@ -161,6 +171,9 @@ def load_experiment(name_or_path: str) -> Experiment:
     if tables_by is not None and tables_by not in axes:
         raise bad("tables_by", f"{tables_by!r} is not an axis")
     name = path.stem
+    endpoint = raw.get("endpoint", "final_mean_at_k")
+    if endpoint not in ENDPOINTS:
+        raise bad("endpoint", f"{endpoint!r} is not one of {', '.join(ENDPOINTS)}")
 
     def where(key: str, default: str) -> Path:
         p = Path(raw.get(key, default))
@@ -180,39 +193,78 @@ def load_experiment(name_or_path: str) -> Experiment:
         tables_by=tables_by,
         fits=_fits(raw, bad),
         timeout_s=float(raw.get("timeout_s", 3600.0)),
+        endpoint=endpoint,
     )
+
+
+def parse_only(exp: Experiment, specs: list[str]) -> dict[str, set[str]]:
+    """``--only AXIS=VALUE`` (repeatable) as {axis: the values kept}: a cell runs when each
+    named axis has one of its values there; an unknown axis or value raises
+    :class:`ExperimentError` naming it."""
+    only: dict[str, set[str]] = {}
+    for spec in specs:
+        axis, _, value = spec.partition("=")
+        if axis not in exp.axes:
+            raise ExperimentError(f"--only {spec}: no axis {axis} (axes: {', '.join(exp.axes)})")
+        if value not in exp.axes[axis]:
+            raise ExperimentError(f"--only {spec}: {value!r} is not a value of axis {axis}")
+        only.setdefault(axis, set()).add(value)
+    return only
 
 
 # --- one run's row --------------------------------------------------------------------------
 
 
-def run_evals(run) -> tuple[list[dict], int | None, float]:
-    """Each evaluation step's accuracy, pass@k and mean@k with the rollout tokens generated up
-    to it; k; the run's generated tokens."""
+def eval_keys(run) -> tuple[int | None, int | None]:
+    """(k, n) of the run's sampled evaluation, ``eval/pass@{k}`` from n samples per problem and
+    their ``eval/mean@{n}`` (launch/heldout.py): the config's ``trainer.eval_pass_k`` and
+    ``trainer.eval_samples`` (null: n = k); (None, None) when it sampled none. A run directory
+    without its config: the keys it logged."""
+    trainer = run.config.get("trainer") or {}
+    if "eval_pass_k" in trainer:
+        k = int(trainer["eval_pass_k"])
+        return (k, int(trainer.get("eval_samples") or k)) if k else (None, None)
+
+    def logged(prefix: str) -> set[int]:
+        return {int(x.split("@")[1]) for x in run.metric_names() if x.startswith(prefix)}
+
+    ks, ns = logged("eval/pass@"), logged("eval/mean@")
+    if len(ks) > 1 or len(ns) > 1:
+        raise ValueError(f"{run.path}: several pass@k / mean@n keys and no config.yaml")
+    return (ks.pop() if ks else None), (ns.pop() if ns else None)
+
+
+def run_evals(run) -> tuple[list[dict], int | None, int | None, float]:
+    """Each evaluation step's accuracy, pass@k and mean@n with the rollout tokens generated up
+    to it (``mean_at_k`` in a row is mean@n: the mean solve rate of n samples); k; n; the run's
+    generated tokens. An evaluation without the ``eval/mean@{n}`` the config asked for raises:
+    the row's primary endpoint would be missing."""
     gen_steps, gen = run.series("rollout/generated_tokens")
     cumulative, total = {}, 0.0
     for step, v in zip(gen_steps, gen, strict=True):
         total += v
         cumulative[step] = total
-    k = next(
-        (int(key.split("@")[1]) for key in run.metric_names() if key.startswith("eval/pass@")),
-        None,
-    )
+    k, n = eval_keys(run)
     evals = []
     for step, row in run.rows.items():
         if "eval/accuracy" not in row:
             continue
+        if n is not None and f"eval/mean@{n}" not in row:
+            raise ValueError(
+                f"{run.path}: step {step} evaluated but logged no eval/mean@{n} "
+                f"(trainer.eval_samples n = {n}, eval_pass_k = {k}): the endpoint is missing"
+            )
         tokens = max((t for st, t in cumulative.items() if st <= step), default=0.0)
         evals.append(
             {
                 "step": step,
                 "accuracy": row["eval/accuracy"],
                 "pass_at_k": row.get(f"eval/pass@{k}"),
-                "mean_at_k": row.get(f"eval/mean@{k}"),
+                "mean_at_k": row.get(f"eval/mean@{n}"),
                 "generated_tokens": tokens,
             }
         )
-    return evals, k, total
+    return evals, k, n, total
 
 
 def summarize_run(run_dir: Path) -> dict:
@@ -222,7 +274,7 @@ def summarize_run(run_dir: Path) -> dict:
     run = load_run(run_dir)
     s = summarize(run)
     steps = s["last_step"]
-    evals, k, total = run_evals(run)
+    evals, k, n, total = run_evals(run)
     start = next((e for e in evals if e["step"] == 0), None)
     end = evals[-1] if evals and evals[-1]["step"] >= 1 else None
 
@@ -238,6 +290,7 @@ def summarize_run(run_dir: Path) -> dict:
     return {
         "steps": steps,
         "k": k,
+        "n": n,
         "start_accuracy": start and start["accuracy"],
         "final_accuracy": end and end["accuracy"],
         "gain": (end["accuracy"] - start["accuracy"]) if start and end else None,
@@ -254,7 +307,8 @@ def summarize_run(run_dir: Path) -> dict:
         "early_acr_low": mean_over("acr/low", early),
         "early_acr_high": mean_over("acr/high", early),
         "acr100": mean_over("acr/raw", 100) if steps >= 100 else None,
-        "trigger_rate": s["trigger_rate"],
+        "trigger_rate": s["trigger_rate"],  # steps with an augmented group (issue 48)
+        "decision_rate": s["decision_rate"],  # steps the trigger fired (mean avspo/triggered)
         "generated_tokens": total,
         # response tokens trained on whose advantage was not zero (per PPO epoch)
         "grad_tokens": grad,

@@ -205,13 +205,17 @@ def pending(
     rows: list[dict],
     retry_failed: bool,
     models: dict[str, str | None] | None = None,
+    only: dict[str, set[str]] | None = None,
 ) -> list[tuple[dict, int]]:
     """The (cell, seed) pairs still to run, seed-major; with ``models`` (:func:`cell_models`),
-    a row counts only where it was made from the weights this machine's run would start from."""
+    a row counts only where it was made from the weights this machine's run would start from;
+    with ``only`` (:func:`launch.experiments.parse_only`), the cells with those axis values."""
     done = latest(rows, exp, models)
     todo = []
     for seed in exp.seeds:
         for cell in exp.cells:
+            if only and any(cell[axis] not in values for axis, values in only.items()):
+                continue
             row = done.get((cell_id(cell), seed))
             if row is None or (retry_failed and row.get("status") != "ok"):
                 todo.append((cell, seed))
@@ -271,17 +275,21 @@ def run_grid(
     retry_failed: bool = False,
     max_runs: int | None = None,
     commit: bool = False,
+    only: dict[str, set[str]] | None = None,
 ) -> int:
-    """Run what is pending (at most ``max_runs``), one row per run (committed to git after each
-    run with ``commit``); returns how many ran."""
+    """Run what is pending (at most ``max_runs``; of the ``only`` cells), one row per run
+    (committed to git after each run with ``commit``); returns how many ran."""
     lock = grid_lock(exp)
     models = cell_models(exp)
     named = sorted({m for m in models.values() if m})
-    todo = pending(exp, read_rows(exp.results), retry_failed, models)
+    rows = read_rows(exp.results)
+    todo = pending(exp, rows, retry_failed, models, only)
     total = len(exp.cells) * len(exp.seeds)
+    left = len(pending(exp, rows, retry_failed, models))
     print(
-        f"{exp.name}: {total - len(todo)} of {total} runs have rows from model weights "
+        f"{exp.name}: {total - left} of {total} runs have rows from model weights "
         f"{', '.join(named) or '(none)'} ({host()}); {len(todo)} to run"
+        + (f" (--only; {left} in all)" if only else "")
     )
     ran = 0
     for cell, seed in todo[:max_runs]:

@@ -1,15 +1,19 @@
 """``python -m launch.reproduce EXPERIMENT``: a resumable grid of training runs, then statistics.
 
 An experiment is a YAML file (``conf/reproduce/<name>.yaml``, or any path) naming a grid: the
-``base`` overrides every run shares, ``axes`` (each a name -> {value: overrides}), ``seeds`` and a
-``baseline`` cell. Every (cell, seed) is one ``python -m launch.train`` subprocess, run one after
-another on this machine (seed-major: every cell's seed 0 first, so a partial grid already compares
-every cell). As each run ends, its summary row is appended to the experiment's ``results`` file
-(JSON lines, committed), so running the command again, on this machine or a fresh one, continues
-where the last stopped: a (cell, seed) with a row is skipped; a failed run's row carries its error
-and is not retried unless ``--retry-failed``; an interrupted run resumes from its own checkpoint
+``base`` overrides every run shares, ``axes`` (each a name -> {value: overrides}), ``seeds``, a
+``baseline`` cell and the primary ``endpoint`` (final mean@n at T = 1 unless it names greedy
+accuracy; the aggregate refuses ok rows without it). Every (cell, seed) is one ``python -m
+launch.train`` subprocess, run one after another on this machine (seed-major: every cell's seed 0
+first, so a partial grid already compares every cell; ``--only AXIS=VALUE``, repeatable, runs
+only the cells with those values, still seed-major: phases in an order are a chain of commands).
+As each run ends, its summary row is appended to the experiment's ``results`` file (JSON lines,
+committed), so running the command again, on this machine or a fresh one, continues where the
+last stopped: a (cell, seed) with a row is skipped; a failed run's row carries its error and is
+not retried unless ``--retry-failed``; an interrupted run resumes from its own checkpoint
 (``trainer.resume=auto``) where its run directory survived, else starts over (runs are seeded:
-the same row either way, wall time aside).
+the same row either way, wall time aside). Each row names the machine (``host``: the CPU model
+of /proc/cpuinfo and the cores).
 
 Then the aggregate (``--report-only`` does only this): per cell the mean, standard deviation and
 95% confidence interval (Student t) of each figure over seeds, the paired per-seed difference
@@ -24,7 +28,7 @@ machine, and its warm start depends on the CPU's float kernels (docs/NOTES.md): 
 builds other weights, the grid's rows from the old weights are neither skipped nor mixed into
 the aggregate; each model's rows get their own tables.
 
-What each row reports (:func:`summarize_run`): held-out greedy accuracy, pass@k and mean@k at
+What each row reports (:func:`summarize_run`): held-out greedy accuracy, pass@k and mean@n at
 step 0, at each evaluation and at the end; ACR (raw, effective, all-correct, all-incorrect);
 early ACR (mean ``acr/raw`` over the first quarter of the steps) and ACR100 (runs of >= 100
 steps), and the early means of its all-incorrect and all-correct strata; rollout tokens generated
@@ -39,7 +43,7 @@ import contextlib
 import sys
 
 from launch.aggregate import write_report
-from launch.experiments import ExperimentError, cell_id, load_experiment
+from launch.experiments import ExperimentError, cell_id, load_experiment, parse_only
 from launch.grid import cell_models, command, pending, read_rows, refresh_rows, run_grid
 
 
@@ -60,9 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--commit", action="store_true", help="git-commit the results file after each run"
     )
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="AXIS=VALUE",
+        help="run only the cells with this axis value (repeatable: method=grpo --only "
+        "method=avspo_fast runs both, seed-major); the report still covers every cell",
+    )
     args = ap.parse_args(argv)
     try:
         exp = load_experiment(args.experiment)
+        only = parse_only(exp, args.only)
     except ExperimentError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -71,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.list:
             models = cell_models(exp)
-            for cell, seed in pending(exp, read_rows(exp.results), args.retry_failed, models):
+            for cell, seed in pending(exp, read_rows(exp.results), args.retry_failed, models, only):
                 print(f"{cell_id(cell)} seed {seed}: {command(exp, cell, seed)}")
             return 0
         if args.refresh:
@@ -79,12 +92,20 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.report_only:
             with contextlib.suppress(KeyboardInterrupt):
                 run_grid(
-                    exp, retry_failed=args.retry_failed, max_runs=args.max_runs, commit=args.commit
+                    exp,
+                    retry_failed=args.retry_failed,
+                    max_runs=args.max_runs,
+                    commit=args.commit,
+                    only=only,
                 )
+        report = write_report(exp)
     except ConfigError as e:  # a cell's model is missing on this machine: no run can start
         print(f"error: {exp.name}: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {write_report(exp)}")
+    except ExperimentError as e:  # rows without the experiment's endpoint: no aggregate
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {report}")
     return 0
 
 

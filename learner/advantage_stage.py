@@ -154,12 +154,13 @@ class AdvantageStage:
         )
         n_aug = int(result.augmented.sum())
         metrics = {
+            # the decision (AVSPO: ACR_t > tau_adapt), which may find no group to augment
             "avspo/triggered": float(result.triggered),
             "avspo/tau_adapt": tau_adapt,
             "avspo/acr_trigger": acr,
             "avspo/k": float(result.k.sum()) / n_aug if n_aug else 0.0,
             "avspo/virtual_samples": float(result.num_virtual),
-            "avspo/groups_augmented": float(n_aug),
+            "avspo/augmented_groups": float(n_aug),  # what it did: groups given virtual samples
         }
         return result, metrics | result.metrics
 

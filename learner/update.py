@@ -56,6 +56,7 @@ def summarize_ranks(ranks: list[dict], cfg: LearnerConfig) -> dict[str, float]:
     total = lambda name: sum(m[name] for m in ranks)  # noqa: E731
     mean = lambda name: total(name) / tokens  # noqa: E731
     norms = [x for x in ranks[0]["grad_norms"] if math.isfinite(x)]  # global: same on all
+    clipped = sum(x > cfg.grad_clip for x in norms)
     out = {
         "actor/pg_loss": mean("pg_loss"),
         "actor/kl_loss": mean("kl_loss"),
@@ -64,11 +65,12 @@ def summarize_ranks(ranks: list[dict], cfg: LearnerConfig) -> dict[str, float]:
         "actor/approx_kl": mean("approx_kl"),
         "actor/grad_norm": sum(norms) / len(norms) if norms else float("nan"),
         "actor/grad_norm_max": max(norms) if norms else float("nan"),
-        # share of applied optimizer steps whose pre-clip norm exceeded learner.grad_clip
-        # (when it binds every step, only the gradient's direction survives)
-        "actor/grad_clip_frac": (
-            sum(x > cfg.grad_clip for x in norms) / len(norms) if norms else float("nan")
-        ),
+        # share of applied optimizer steps with a gradient (norm > 0) whose pre-clip norm
+        # exceeded learner.grad_clip (when it binds every step, only the gradient's direction
+        # survives); a step whose advantages were all zero has nothing to clip: 0 / 0 = nan
+        # when no step had a gradient. _all_steps: over every applied step, zero ones too.
+        "actor/grad_clip_frac": _share(clipped, sum(x > 0 for x in norms)),
+        "actor/grad_clip_frac_all_steps": _share(clipped, len(norms)),
         "actor/lr": ranks[0]["lr"],
         "actor/skipped_steps": float(ranks[0]["skipped_steps"]),
         "actor/optimizer_steps": float(ranks[0]["optimizer_steps"]),
@@ -91,6 +93,10 @@ def summarize_ranks(ranks: list[dict], cfg: LearnerConfig) -> dict[str, float]:
         out["rollout/logprob_lag_abs_diff_mean"] = total("lag_abs_diff") / total("lag_tokens")
         out["rollout/logprob_lag_abs_diff_max"] = max(m["lag_abs_diff_max"] for m in ranks)
     return out
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else float("nan")
 
 
 @dataclass

@@ -21,7 +21,7 @@ AVSPO = frozenset(
         "avspo/tau_adapt",
         "avspo/k",
         "avspo/virtual_samples",
-        "avspo/groups_augmented",
+        "avspo/augmented_groups",
     }
 )
 VERIFIER = frozenset({"reward/verifier_error_frac", "reward/verifier_timeout_frac"})
@@ -37,6 +37,7 @@ STEP_KEYS = SECTION5 | {
     "response_length/mean_trained",
     "avspo/acr_trigger",
     "actor/grad_clip_frac",
+    "actor/grad_clip_frac_all_steps",
     "rollout/lagged_token_frac",
     "response_length/clip_ratio",
     "actor/pg_loss",

@@ -120,8 +120,8 @@ def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
         r = got[s]
         assert r["acr/low"] >= 4 / 8 and r["reward/mean"] > 0, r  # both labels in the step
         # binary rewards: every collapsed group has one label, and each gets one virtual sample
-        assert r["avspo/groups_augmented"] == round(r["acr/raw"] * 8), r
-        assert r["avspo/virtual_samples"] == r["avspo/groups_augmented"]
+        assert r["avspo/augmented_groups"] == round(r["acr/raw"] * 8), r
+        assert r["avspo/virtual_samples"] == r["avspo/augmented_groups"]
         assert r["acr/effective"] < r["acr/raw"]
 
 

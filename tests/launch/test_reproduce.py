@@ -24,39 +24,9 @@ from launch.aggregate import (
 from launch.experiments import ExperimentError, cell_id, load_experiment
 from launch.grid import append_row, command, pending, read_rows
 from tests.conftest import fast_tiny_overrides
+from tests.launch.experiment_rows import evals_row, experiment_file, row
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def experiment_file(tmp_path: Path, **extra) -> Path:
-    spec = {
-        "description": "two methods",
-        "results": str(tmp_path / "res" / "demo.jsonl"),
-        "runs_dir": str(tmp_path / "runs"),
-        "report": str(tmp_path / "RESULTS.md"),
-        "seeds": [0, 1, 2],
-        "base": ["rollout=hf"],
-        "axes": {"method": {"grpo": ["algorithm=grpo"], "avspo": ["algorithm=avspo"]}},
-        "baseline": {"method": "grpo"},
-        **extra,
-    }
-    path = tmp_path / "demo.yaml"
-    path.write_text(json.dumps(spec))  # JSON is YAML
-    return path
-
-
-def row(exp, method: str, seed: int, acc: float, tokens: float = 100.0, **kw) -> dict:
-    cell = {"method": method}
-    return {
-        "cell_id": cell_id(cell),
-        "cell": cell,
-        "seed": seed,
-        "command": command(exp, cell, seed),
-        "status": "ok",
-        "final_accuracy": acc,
-        "generated_tokens": tokens,
-        **kw,
-    }
 
 
 def test_bad_experiment_files_name_the_key(tmp_path):
@@ -108,8 +78,8 @@ def test_aggregate_means_intervals_and_paired_differences(tmp_path):
     # = 0.317655; t = 0.075 / 0.025 = 3 on 1 dof: p = 1 - 2 atan(3) / pi = 0.204833
     d = avspo.versus["final_accuracy"]
     assert (d.n, round(d.mean, 9), round(d.ci, 5), round(d.p, 5)) == (2, 0.075, 0.31766, 0.20483)
-    # greedy accuracy is the primary endpoint here (no row has mean@k): its p is Holm's over a
-    # family of one comparison, unchanged
+    # greedy accuracy is the primary endpoint here (the experiment names it): its p is Holm's
+    # over a family of one comparison, unchanged
     assert avspo.holm_p == d.p
 
 
@@ -140,25 +110,15 @@ def test_differences_at_equal_rollout_tokens_interpolate_both_curves():
     assert equal_token_difference(arm, base, "mean_at_k") is None  # no such curve
 
 
-def _evals_row(exp, method, seed, mean_at_k, start=0.2, tokens=100.0, **kw):
-    """A row with a two-point mean@k curve (step 0 at ``start``, the end at ``mean_at_k``)."""
-    evals = [
-        {"step": 0, "accuracy": 0.3, "mean_at_k": start, "generated_tokens": 0.0},
-        {"step": 4, "accuracy": 0.3, "mean_at_k": mean_at_k, "generated_tokens": tokens},
-    ]
-    return row(exp, method, seed, 0.3, tokens, evals=evals, final_mean_at_k=mean_at_k,
-               start_mean_at_k=start, **kw)  # fmt: skip
-
-
 def test_mean_at_k_is_primary_holm_counts_identical_arms_once_and_shares_the_gain(tmp_path):
     axes = {"method": {m: [f"algorithm={m}"] for m in ("grpo", "a", "b", "c")}}
-    exp = load_experiment(str(experiment_file(tmp_path, axes=axes)))
+    exp = load_experiment(str(experiment_file(tmp_path, axes=axes, endpoint="final_mean_at_k")))
     rows = []
     for s in range(3):
-        rows.append(_evals_row(exp, "grpo", s, 0.30 + 0.01 * s))  # gains 0.10, 0.11, 0.12
-        rows.append(_evals_row(exp, "a", s, 0.35 + 0.01 * s + 0.001 * s * s))  # +0.05..+0.054
-        rows.append(_evals_row(exp, "b", s, 0.30 + 0.02 * s))  # 0, +0.01, +0.02
-        rows.append(_evals_row(exp, "c", s, 0.35 + 0.01 * s + 0.001 * s * s))  # = a exactly
+        rows.append(evals_row(exp, "grpo", s, 0.30 + 0.01 * s))  # gains 0.10, 0.11, 0.12
+        rows.append(evals_row(exp, "a", s, 0.35 + 0.01 * s + 0.001 * s * s))  # +0.05..+0.054
+        rows.append(evals_row(exp, "b", s, 0.30 + 0.02 * s))  # 0, +0.01, +0.02
+        rows.append(evals_row(exp, "c", s, 0.35 + 0.01 * s + 0.001 * s * s))  # = a exactly
     grpo, a, b, c = aggregate(exp, rows)
     assert c.same_as == "method=a" and a.same_as is None
     # the family is {a, b} (c counted once, as a): Holm multiplies the smaller p by 2, the larger
@@ -181,8 +141,8 @@ def test_mean_at_k_is_primary_holm_counts_identical_arms_once_and_shares_the_gai
 
 def test_identical_cells_across_experiments(tmp_path):
     exp = load_experiment(str(experiment_file(tmp_path)))
-    mine = {("method=grpo", s): _evals_row(exp, "grpo", s, 0.3 + 0.01 * s) for s in range(2)}
-    mine[("method=avspo", 0)] = _evals_row(exp, "avspo", 0, 0.4)
+    mine = {("method=grpo", s): evals_row(exp, "grpo", s, 0.3 + 0.01 * s) for s in range(2)}
+    mine[("method=avspo", 0)] = evals_row(exp, "avspo", 0, 0.4)
     other = [{**r, "cell_id": "method=grpo,level=L3"} for r in mine.values()][:2]
     got = identical_cells(exp, mine, {"e1": other})
     assert got == {"method=grpo": "e1 method=grpo,level=L3"}
@@ -237,7 +197,7 @@ def test_the_report_section_is_replaced_between_its_markers(tmp_path):
     write_report(exp)
     text = exp.report.read_text()
     assert text.count("<!-- reproduce:demo begin -->") == 1
-    # no row has mean@k: greedy accuracy is the primary endpoint
+    # greedy accuracy is the experiment's primary endpoint
     assert "| grpo | 3 | 0.500 +- 0.248 | n/a | (baseline) |" in text
     # avspo has one seed (0.5) paired with grpo's seed 0 (0.4): +10.0 points, no interval
     assert "| avspo | 1 | 0.500 | n/a | +10.0 |" in text

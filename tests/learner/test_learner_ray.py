@@ -265,7 +265,7 @@ def test_advantage_stage_batch_trains_on_the_learner(learner, tiny_model_dir):
     for name in sorted(names):
         assert name in metrics, name
     assert metrics["acr/raw"] == 1.0 and metrics["acr/effective"] == 0.0
-    assert metrics["avspo/triggered"] == 1.0 and metrics["avspo/groups_augmented"] == 4.0
+    assert metrics["avspo/triggered"] == 1.0 and metrics["avspo/augmented_groups"] == 4.0
     assert metrics["actor/grad_norm"] > 0
     assert any(not torch.equal(before[k], after[k]) for k in before)  # AVSPO gave a gradient
 

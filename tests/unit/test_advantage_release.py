@@ -149,7 +149,7 @@ def test_advantage_stage_reports_the_release_rule():
     stage = AdvantageStage(cfg, reward_range=(0, 1), seed=0)
     res, m = stage(t([0.0] * 8), G4)
     assert m["avspo/triggered"] == 1.0 and m["avspo/virtual_samples"] == 2.0
-    assert m["avspo/groups_augmented"] == 2.0 and m["avspo/k"] == 1.0
+    assert m["avspo/augmented_groups"] == 2.0 and m["avspo/k"] == 1.0
     assert res.advantages.tolist() == pytest.approx([A_ALL_ZERO] * 8, rel=1e-12)
     _, m = stage(t([1.0, 0.0, 1.0, 0.0] + [1.0, 0.0, 0.0, 0.0]), G4)  # no single-label group
     assert m["avspo/triggered"] == 0.0 and m["avspo/virtual_samples"] == 0.0
@@ -219,7 +219,7 @@ def test_preset_applies_the_rule_per_group():
     cfg = load("algorithm=avspo_release").algorithm
     assert cfg.avspo.release_scope == "group"
     res, m = AdvantageStage(cfg, reward_range=(0, 1), seed=0)(t(MIXED3), G3x4)
-    assert m["avspo/groups_augmented"] == 2.0 and m["avspo/virtual_samples"] == 2.0
+    assert m["avspo/augmented_groups"] == 2.0 and m["avspo/virtual_samples"] == 2.0
     step = load("algorithm=avspo_release", "algorithm.avspo.release_scope=step").algorithm
     _, m = AdvantageStage(step, reward_range=(0, 1), seed=0)(t(MIXED3), G3x4)
-    assert m["avspo/groups_augmented"] == 0.0
+    assert m["avspo/augmented_groups"] == 0.0

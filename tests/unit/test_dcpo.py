@@ -114,7 +114,7 @@ def test_the_stage_keeps_history_per_prompt_and_checkpoints_it():
     assert torch.equal(batch_a.advantages, batch_b.advantages)
     assert abs(float(batch_a.advantages[0]) - 0.375 / math.sqrt(1.875 / 7) / 2) < 1e-6
     assert a.state_dict() == b.state_dict()
-    assert ma["acr/raw"] == 1.0 and ma["avspo/groups_augmented"] == 1.0
+    assert ma["acr/raw"] == 1.0 and ma["avspo/augmented_groups"] == 1.0
 
 
 def test_a_prompt_twice_in_one_step_sees_its_first_group():

@@ -89,15 +89,16 @@ ROWS = [
     {"step": 0, "eval/accuracy": 0.2},
     {"step": 1, "reward/mean": 0.1, "acr/raw": 0.5, "acr/high": 0.25, "acr/low": 0.25,
      "acr/effective": 0.25, "acr/wasted_token_frac": 0.4, "avspo/triggered": 1.0,
-     "avspo/tau_adapt": 0.4, "acr/early_warning": 0.0, "timing_s/step": 4.0, **T},
+     "avspo/augmented_groups": 2.0, "avspo/tau_adapt": 0.4, "acr/early_warning": 0.0,
+     "timing_s/step": 4.0, **T},
     {"step": 2, "reward/mean": 0.3, "acr/raw": 0.75, "acr/high": 0.5, "acr/low": 0.25,
      "acr/effective": 0.5, "acr/wasted_token_frac": 0.6, "avspo/triggered": 0.0,
-     "avspo/tau_adapt": 0.45, "acr/early_warning": 1.0, "timing_s/step": 4.0, **T,
-     "eval/accuracy": 0.5},
+     "avspo/augmented_groups": 0.0, "avspo/tau_adapt": 0.45, "acr/early_warning": 1.0,
+     "timing_s/step": 4.0, **T, "eval/accuracy": 0.5},
     {"step": 3, "reward/mean": 0.2, "acr/raw": 1.0, "acr/high": 0.0, "acr/low": 1.0,
      "acr/effective": None, "acr/wasted_token_frac": 0.8, "avspo/triggered": 1.0,
-     "avspo/tau_adapt": 0.5, "acr/early_warning": 1.0, "timing_s/step": 4.0, **T,
-     "eval/accuracy": 0.4},
+     "avspo/augmented_groups": 0.0, "avspo/tau_adapt": 0.5, "acr/early_warning": 1.0,
+     "timing_s/step": 4.0, **T, "eval/accuracy": 0.4},
 ]  # fmt: skip
 CONFIG = "algorithm:\n  name: avspo\ntask:\n  name: arithmetic\ntrainer:\n  seed: 3\n"
 
@@ -117,7 +118,10 @@ def test_summarize_hand_computed(tmp_path):
     assert s["mean_acr_effective"] == pytest.approx(0.375)  # null at step 3: (0.25 + 0.5) / 2
     assert s["mean_acr_wasted_token_frac"] == pytest.approx(0.6)  # (0.4 + 0.6 + 0.8) / 3
     assert s["mean_reward"] == pytest.approx(0.2)  # (0.1 + 0.3 + 0.2) / 3
-    assert s["trigger_rate"] == pytest.approx(2 / 3) and s["triggers"] == 2  # steps 1 and 3
+    # the trigger rate counts augmentations: only step 1 augmented a group (2 of them); step 3
+    # decided to trigger (ACR over tau_adapt) but had no group of the stratum to augment
+    assert s["trigger_rate"] == pytest.approx(1 / 3) and s["triggers"] == 1
+    assert s["decision_rate"] == pytest.approx(2 / 3) and s["decisions"] == 2  # steps 1 and 3
     assert s["final_tau_adapt"] == 0.5
     assert s["early_warning_step"] == 2
     # step time 3 * 4 s = 12 s; generate 3 * 2 = 6 -> 0.5, verify 1.5 -> 0.125, learner 3 -> 0.25,
@@ -127,6 +131,19 @@ def test_summarize_hand_computed(tmp_path):
         {"generate": 0.5, "verify": 0.125, "learner": 0.25, "other": 0.125}
     )
     assert s["mean_verifier_error_frac"] is None  # not logged
+
+
+def test_trigger_rate_of_a_run_logged_before_augmented_groups_had_its_name(tmp_path):
+    # runs before the rename logged avspo/groups_augmented: step 2 augmented, step 1 only decided
+    rows = [
+        {"step": 1, "avspo/triggered": 1.0, "avspo/groups_augmented": 0.0},
+        {"step": 2, "avspo/triggered": 1.0, "avspo/groups_augmented": 3.0},
+    ]
+    s = summarize(load_run(write_run(tmp_path / "run", rows)))
+    assert (s["trigger_rate"], s["triggers"], s["decision_rate"]) == (0.5, 1, 1.0)
+    # a log without either count (another trainer's) has no trigger rate to show
+    s = summarize(load_run(write_run(tmp_path / "other", [{"step": 1, "avspo/triggered": 1.0}])))
+    assert s["trigger_rate"] is None and s["triggers"] == 0 and s["decision_rate"] == 1.0
 
 
 def test_acr100_is_the_last_logged_value(tmp_path):
@@ -233,6 +250,8 @@ def test_report_with_all_metrics(tmp_path):
     # the paper's line at this run's ACR100 = 0.75: 51.4 - 29.6 * 0.75 = 29.2 (%)
     assert "its line gives 29.2%" in text
     assert "| 0.400 (40.0%) |" in text  # final accuracy as fraction and percent
+    assert "| AVSPO trigger rate: steps with an augmented group | 0.333 (1 steps) |" in text
+    assert "| AVSPO trigger decisions (ACR_t > tau_adapt) | 0.667 (2 steps) |" in text
     assert "| 3 | 1 | 1 |" in text and "`p2` (2 visits)" in text
 
 

@@ -76,7 +76,7 @@ def test_stage_decides_with_current_threshold_then_updates():
     # 0.5 > 0.45: triggered; K = ceil(4 * 0.5 ** 0.5) = ceil(2.83) = 3 for the collapsed group.
     assert m1["avspo/triggered"] == 1.0 and m1["avspo/tau_adapt"] == 0.45
     assert m1["avspo/k"] == 3.0 and m1["avspo/virtual_samples"] == 3.0
-    assert m1["avspo/groups_augmented"] == 1.0
+    assert m1["avspo/augmented_groups"] == 1.0
     assert (res1.advantages[:4] > 0).all()
     # First step: no update. Second step decides with 0.45, then J rose:
     # 0.45 + 0.5 * (0.5 - 0.45) = 0.475.
@@ -136,7 +136,7 @@ def test_window_acr_sets_the_trigger_and_k():
     _, m = stage(COLLAPSED, ONE_GROUP)  # steps 2-4: 2/3 again (step 1 left the window)
     assert m["avspo/acr_trigger"] == pytest.approx(2 / 3) and m["avspo/k"] == 7.0
     _, m = stage(MIXED, ONE_GROUP)  # steps 3-5: 2/3 but nothing to augment
-    assert m["avspo/triggered"] == 1.0 and m["avspo/groups_augmented"] == 0.0
+    assert m["avspo/triggered"] == 1.0 and m["avspo/augmented_groups"] == 0.0
 
 
 def test_window_counts_groups_not_steps():

@@ -1,0 +1,128 @@
+"""The harness's primary endpoint (issue 48): a row reads the ``eval/mean@n`` its run's
+evaluation wrote (n = ``trainer.eval_samples``, not k), a run whose evaluation lacks it is not an
+ok row, and the aggregate refuses ok rows without the experiment's endpoint instead of falling
+back to greedy accuracy. Also: which cells a grid runs (``--only``) and the machine in a row."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launch.aggregate import aggregate, write_report
+from launch.experiments import ExperimentError, cell_id, load_experiment, summarize_run
+from launch.grid import host, pending, run_one
+from launch.reproduce import main
+from tests.launch.experiment_rows import evals_row, experiment_file, row
+
+
+def write_run(path: Path, rows: list[dict], config: str | None) -> Path:
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if config is not None:
+        (path / "config.yaml").write_text(config)
+    return path
+
+
+def evals(mean_key: str) -> list[dict]:
+    """Evaluations at steps 0 and 2 with pass@4 and ``mean_key``; 100 rollout tokens a step."""
+    return [
+        {"step": 0, "eval/accuracy": 0.5, "eval/pass@4": 0.6, mean_key: 0.25},
+        {"step": 1, "rollout/generated_tokens": 100.0, "acr/raw": 0.5},
+        {"step": 2, "rollout/generated_tokens": 100.0, "acr/raw": 0.5,
+         "eval/accuracy": 0.55, "eval/pass@4": 0.7, mean_key: 0.375},
+    ]  # fmt: skip
+
+
+EIGHT_OF_FOUR = "trainer:\n  eval_pass_k: 4\n  eval_samples: 8\n"  # pass@4 from 8 samples
+
+
+def test_a_row_reads_the_mean_at_n_its_evaluation_wrote(tmp_path):
+    # 8 samples per problem give pass@4 and mean@8 (launch/heldout.py): the old reading looked
+    # for mean@4, found none, and the grid's primary endpoint fell back to greedy accuracy
+    r = summarize_run(write_run(tmp_path / "run", evals("eval/mean@8"), EIGHT_OF_FOUR))
+    assert (r["k"], r["n"]) == (4, 8)
+    assert (r["start_mean_at_k"], r["final_mean_at_k"]) == (0.25, 0.375)
+    assert [e["mean_at_k"] for e in r["evals"]] == [0.25, 0.375]
+    assert [e["generated_tokens"] for e in r["evals"]] == [0.0, 200.0]
+    # a run directory without its config: the one mean@n key it logged
+    r = summarize_run(write_run(tmp_path / "bare", evals("eval/mean@8"), None))
+    assert (r["n"], r["final_mean_at_k"]) == (8, 0.375)
+
+
+def test_a_run_without_the_configured_mean_at_n_has_no_row_to_give(tmp_path):
+    run = write_run(tmp_path / "run", evals("eval/mean@4"), EIGHT_OF_FOUR)
+    with pytest.raises(ValueError, match=r"step 0 .* no eval/mean@8 \(trainer.eval_samples"):
+        summarize_run(run)
+    # greedy-only evaluation (eval_pass_k 0): no mean@n is expected, none is read
+    greedy = [{k: v for k, v in r.items() if "@" not in k} for r in evals("x")]
+    r = summarize_run(write_run(tmp_path / "greedy", greedy, "trainer:\n  eval_pass_k: 0\n"))
+    assert (r["k"], r["n"], r["final_mean_at_k"], r["final_accuracy"]) == (None, None, None, 0.55)
+
+
+def test_the_aggregate_refuses_ok_rows_without_the_endpoint(tmp_path, capsys):
+    exp = load_experiment(str(experiment_file(tmp_path, endpoint="final_mean_at_k")))
+    rows = [evals_row(exp, m, s, 0.3) for m in ("grpo", "avspo") for s in range(3)]
+    rows[4] = row(exp, "avspo", 1, 0.4)  # greedy accuracy only: its mean@k never read
+    with pytest.raises(ExperimentError, match=r"endpoint: final_mean_at_k is missing from 1 ok "
+                       r"row .*method=avspo seed 1"):  # fmt: skip
+        aggregate(exp, rows)
+    # a failed row has no endpoint to miss; the grid itself goes on (its rows are kept)
+    rows[4] = {**rows[4], "status": "failed", "error": "boom"}
+    assert [c.figures["final_mean_at_k"].n for c in aggregate(exp, rows)] == [3, 2]
+    exp.results.parent.mkdir(parents=True)
+    exp.results.write_text(json.dumps(row(exp, "grpo", 0, 0.4)) + "\n")
+    assert main([str(exp.path), "--report-only"]) == 2
+    assert "endpoint: final_mean_at_k is missing" in capsys.readouterr().err
+    assert not exp.report.exists()
+
+
+def test_greedy_accuracy_is_primary_only_where_the_experiment_names_it(tmp_path):
+    exp = load_experiment(str(experiment_file(tmp_path, endpoint="final_accuracy")))
+    rows = [row(exp, m, 0, acc) for m, acc in (("grpo", 0.4), ("avspo", 0.5))]
+    exp.results.parent.mkdir(parents=True)
+    exp.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = write_report(exp).read_text()
+    assert "the primary one (final greedy accuracy, the experiment's endpoint)" in text
+    assert "| avspo | 1 | 0.500 | n/a | +10.0 |" in text  # 0.5 - 0.4 on seed 0, in points
+    with pytest.raises(ExperimentError, match="endpoint: 'pass_at_k' is not one of"):
+        load_experiment(str(experiment_file(tmp_path, endpoint="pass_at_k")))
+    # the default: mean@k at T = 1
+    assert load_experiment(str(experiment_file(tmp_path, endpoint=None))).endpoint == (
+        "final_mean_at_k"
+    )
+
+
+def test_only_narrows_the_pending_runs_and_names_a_bad_value(tmp_path, capsys):
+    axes = {"method": {m: [f"algorithm={m}"] for m in ("grpo", "avspo", "avspo_release")}}
+    exp = load_experiment(str(experiment_file(tmp_path, axes=axes, seeds=[0, 1])))
+    rows = [row(exp, m, 0, 0.4) for m in ("grpo", "avspo")]
+    only = {"method": {"grpo", "avspo"}}
+    left = [(cell_id(c), s) for c, s in pending(exp, rows, False, only=only)]
+    # seed-major within the chosen cells: each finished pair is complete before the next seed
+    assert left == [("method=grpo", 1), ("method=avspo", 1)]
+    rest = [(cell_id(c), s) for c, s in pending(exp, rows, False)]
+    assert rest == [("method=avspo_release", 0), *left[:2], ("method=avspo_release", 1)]
+    # a typo stops the command before any model or run: exit 2 naming the value
+    assert main([str(exp.path), "--only", "method=grpo", "--only", "method=avpso"]) == 2
+    assert "--only method=avpso: 'avpso' is not a value of axis method" in capsys.readouterr().err
+    assert main([str(exp.path), "--only", "level=L3", "--list"]) == 2
+    assert "--only level=L3: no axis level" in capsys.readouterr().err
+    assert not exp.results.exists()
+
+
+def test_host_names_the_cpu_model_of_proc_cpuinfo():
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    name = next(x.split(":", 1)[1].strip() for x in lines if x.startswith("model name"))
+    assert host().startswith(f"{name}, ") and host().endswith(" cores")
+
+
+@pytest.mark.slow
+def test_a_failed_run_row_records_the_machine_too(tmp_path):
+    """Every row names its machine: a run that fails at once (a bad override) as well."""
+    axes = {"method": {"broken": ["trainer.total_steps=-3"]}}
+    exp = load_experiment(str(experiment_file(tmp_path, axes=axes, baseline={}, seeds=[0])))
+    r = run_one(exp, exp.cells[0], 0)
+    assert r["status"] == "failed" and "trainer.total_steps" in r["error"]
+    assert r["host"] == host()
