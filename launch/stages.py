@@ -24,6 +24,7 @@ from learner.advantage_stage import AdvantageStage
 from reward.actor import VerifierActor
 from reward.tasks import Problem, Task, TaskConfig, make_task
 from reward.verifiers import score_truncated
+from rollout.engine import encode_prompt
 from rollout.types import Group
 from rollout.weight_sync import WeightSync
 
@@ -276,7 +277,7 @@ def context_problem(cfg: TrainConfig, task: Task, eval_sets: dict, tokenizer, tr
     for key, split, problems, new in splits:
         if not problems:
             continue
-        longest = max(len(tokenizer(p.prompt)["input_ids"]) for p in problems)
+        longest = max(len(encode_prompt(tokenizer, p.prompt)) for p in problems)
         if longest + new > limit:
             return (
                 f"rollout.max_model_len: {limit} < the longest {split} prompt of {key} "

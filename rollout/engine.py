@@ -12,6 +12,16 @@ import torch
 from rollout.types import Group, SamplingConfig
 
 
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """The token ids of a rendered prompt. The tokenizer adds its special tokens (the BOS its
+    model was trained with) unless the text already begins with the BOS token, as a chat
+    template that writes it does (Llama-3, Gemma): no prompt gets two (tests/rollout/
+    test_prompt_tokens.py)."""
+    bos = tokenizer.bos_token
+    written = bool(bos) and text.startswith(bos)
+    return tokenizer(text, add_special_tokens=not written)["input_ids"]
+
+
 class Engine(Protocol):
     policy_version: int  # the weights' version, stamped on every sample
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 import torch
 
+from rollout.engine import encode_prompt
 from rollout.seeding import call_seed, sample_seed
 from rollout.types import Group, Sample, SamplingConfig
 
@@ -37,7 +38,7 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
         tok, n = self.tokenizer, params.n
-        enc = tok(prompts, return_tensors="pt", padding=True)
+        enc = tok.pad({"input_ids": [encode_prompt(tok, p) for p in prompts]}, return_tensors="pt")
         ids = enc["input_ids"].to(self.device)  # [B, P]
         mask = enc["attention_mask"].to(self.device)
         generators = None

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 import torch
 
 from comm.weight_protocol import pack_tensors
+from rollout.engine import encode_prompt
 from rollout.seeding import call_seed, prompt_seed
 from rollout.types import Group, Sample, SamplingConfig
 
@@ -118,7 +119,7 @@ class VLLMEngine:
     def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
         from vllm.inputs import TokensPrompt
 
-        prompt_ids = [self.tokenizer(p)["input_ids"] for p in prompts]
+        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         seed = call_seed(params.seed)
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
