@@ -75,9 +75,34 @@ class TensorBoardSink:
         self._writer.close()
 
 
+def wandb_logged_in(env: dict[str, str]) -> bool:
+    """Whether wandb has an API key to go online with: ``$WANDB_API_KEY``, or the entry ``wandb
+    login`` wrote into the netrc file (``$NETRC``, else ``$HOME/.netrc``) for the server of
+    ``$WANDB_BASE_URL`` (default ``api.wandb.ai``). Only whether one is there is looked at:
+    the key is never kept, logged or written.
+
+    >>> wandb_logged_in({}), wandb_logged_in({"WANDB_API_KEY": "x"})
+    (False, True)
+    """
+    import netrc
+    from urllib.parse import urlsplit
+
+    if env.get("WANDB_API_KEY"):
+        return True
+    host = urlsplit(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    path = env.get("NETRC") or (str(Path(env["HOME"]) / ".netrc") if env.get("HOME") else None)
+    if not path or not host:
+        return False
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
 def wandb_mode(configured: str | None, env: dict[str, str]) -> str:
-    """The wandb mode: the configured one, else ``$WANDB_MODE``, else online only when a key
-    is in the environment (offline otherwise, so a run without credentials never blocks).
+    """The wandb mode: the configured one, else ``$WANDB_MODE``, else online when wandb has a
+    key (:func:`wandb_logged_in`: the environment's, or ``wandb login``'s), offline otherwise,
+    so that a run without credentials never blocks.
 
     >>> wandb_mode(None, {}), wandb_mode(None, {"WANDB_API_KEY": "x"}), wandb_mode("disabled", {})
     ('offline', 'online', 'disabled')
@@ -86,14 +111,28 @@ def wandb_mode(configured: str | None, env: dict[str, str]) -> str:
         return configured
     if env.get("WANDB_MODE"):
         return env["WANDB_MODE"]
-    return "online" if env.get("WANDB_API_KEY") else "offline"
+    return "online" if wandb_logged_in(env) else "offline"
 
 
 class WandbSink:
-    """A wandb run in ``<run_dir>/wandb``. The API key is read by wandb from the environment;
-    this class never reads, logs or writes it (the run's config is passed as a plain dict)."""
+    """A wandb run in ``<run_dir>/wandb``. The API key is read by wandb from the environment or
+    its login; this class never reads, logs or writes it (the run's config is passed as a plain
+    dict). ``run_id``: the run to continue (a resumed training run keeps its wandb run: the id
+    is in its checkpoints); None starts a new one. ``run_id`` after init: the run's id."""
 
-    def __init__(self, run_dir: Path, *, project: str, entity: str | None, mode: str, config: dict):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        project: str,
+        entity: str | None,
+        mode: str,
+        config: dict,
+        name: str,
+        group: str | None = None,
+        tags: list[str] | None = None,
+        run_id: str | None = None,
+    ):
         import wandb
 
         self._run = wandb.init(
@@ -101,10 +140,15 @@ class WandbSink:
             entity=entity,
             mode=mode,
             dir=str(run_dir),
-            name=run_dir.name,
+            name=name,
+            group=group,
+            tags=tags,
+            id=run_id,
+            resume="allow" if run_id else None,
             config=config,
             settings=wandb.Settings(console="off", x_disable_stats=True),
         )
+        self.run_id: str = self._run.id
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {k: _clean(float(v)) for k, v in metrics.items()}

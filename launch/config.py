@@ -190,8 +190,16 @@ class LoggerConfig:
     wandb_mode: str | None = field(
         default=None, metadata={"choices": (None, "online", "offline", "disabled")}
     )
-    """null = ``$WANDB_MODE`` if set, else online when ``WANDB_API_KEY`` is set, else offline.
-    The key is read by wandb from the environment; it is never written or logged."""
+    """null = ``$WANDB_MODE`` if set, else online when wandb has a key (``WANDB_API_KEY``, or
+    ``wandb login``'s entry in ~/.netrc), else offline. The key is read by wandb; it is never
+    written or logged."""
+    wandb_name: str | None = None
+    """The wandb run's name; null = the run directory's name. A resumed run keeps its wandb run
+    (the id is in the checkpoint)."""
+    wandb_group: str | None = None
+    """null = the algorithm's name (runs of one method side by side)."""
+    wandb_tags: list[str] | None = None
+    """null = the algorithm's, the task's and the model's names."""
     report: bool = True
     """Write report.md and PNG plots into the run dir at the end (launch.analyze does too)."""
 

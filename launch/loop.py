@@ -168,6 +168,7 @@ class Trainer:
         self.rollout, self.learner, self.weights = stages.rollout, stages.learner, stages.weights
         self.accuracy_start: float | None = None
         self.resumed_row: dict = {}  # restore(): the logged row of the checkpoint's step
+        self.wandb_run_id: str | None = None  # logger.wandb: the run's, kept in checkpoints
         # trainer.async=one_step: the next step's rollouts, generated while this step trains
         self.one_step = cfg.trainer.async_mode == "one_step"
         self.pending: Rollouts | None = None
@@ -368,15 +369,20 @@ class Trainer:
         if lg.tensorboard:
             sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
         if lg.wandb:
-            sinks.append(
-                WandbSink(
-                    self.run_dir,
-                    project=lg.wandb_project,
-                    entity=lg.wandb_entity,
-                    mode=wandb_mode(lg.wandb_mode, dict(os.environ)),
-                    config=dataclasses.asdict(self.cfg),
-                )
+            cfg = self.cfg
+            wandb = WandbSink(
+                self.run_dir,
+                project=lg.wandb_project,
+                entity=lg.wandb_entity,
+                mode=wandb_mode(lg.wandb_mode, dict(os.environ)),
+                config=dataclasses.asdict(cfg),
+                name=lg.wandb_name or self.run_dir.name,
+                group=lg.wandb_group or cfg.algorithm.name,
+                tags=lg.wandb_tags or [cfg.algorithm.name, cfg.task.name, cfg.model.name],
+                run_id=self.wandb_run_id,  # restore(): the checkpoint's, so a resume continues it
             )
+            self.wandb_run_id = wandb.run_id
+            sinks.append(wandb)
         return MultiSink(sinks)
 
     def save(self, step: int) -> str:
@@ -386,6 +392,7 @@ class Trainer:
                 "sampler": self.sampler.state_dict(),
                 "accuracy_start": self.accuracy_start,
                 "pending": None if self.pending is None else self.pending.state_dict(),
+                "wandb_run_id": self.wandb_run_id,
             },
             "run": fingerprint(self.cfg, self.task),
         }
@@ -419,6 +426,7 @@ class Trainer:
                 f"{self.sampler.kind} sampler starts afresh"
             )
         self.accuracy_start = state["extra"]["accuracy_start"]
+        self.wandb_run_id = state["extra"].get("wandb_run_id")
         pending = state["extra"].get("pending")
         if pending is not None and self.one_step:
             self.pending = Rollouts.from_state(pending, {p.uid: p for p in self.task.train})

@@ -212,6 +212,65 @@ def test_wandb_mode_never_goes_online_without_a_key():
     assert wandb_mode("offline", {"WANDB_API_KEY": "k"}) == "offline"
 
 
+def test_wandb_goes_online_for_a_user_who_ran_wandb_login(tmp_path):
+    """``wandb login`` writes the key into ~/.netrc for the server's host: online, as with
+    WANDB_API_KEY; another server's entry, or an unreadable file, is no login."""
+    netrc = tmp_path / ".netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password 0123456789abcdef\n")
+    netrc.chmod(0o600)
+    home = {"HOME": str(tmp_path)}
+    assert wandb_mode(None, home) == "online"
+    assert wandb_mode(None, {"NETRC": str(netrc)}) == "online"
+    assert wandb_mode(None, {**home, "WANDB_BASE_URL": "https://wandb.example.org"}) == "offline"
+    assert wandb_mode(None, {**home, "WANDB_MODE": "offline"}) == "offline"  # told otherwise
+    netrc.write_text("machine wandb.example.org login user password 0123456789abcdef\n")
+    assert wandb_mode(None, home) == "offline"  # a login to another server only
+    assert wandb_mode(None, {"NETRC": str(tmp_path)}) == "offline"  # unreadable: a folder
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
+    """The wandb run's id goes into every checkpoint; a run resumed from one logs into the same
+    wandb run (offline here: the two attempts' folders carry one id). Name, group and tags come
+    from the config's defaults: the run directory, the algorithm, algorithm/task/model."""
+    problems = _problems(4)
+    saved = {}
+
+    class Learner:  # what the trainer asks of the learner group for a checkpoint
+        def save_checkpoint(self, root, step, state, keep):
+            saved.update(step=step, **state)
+            return f"{root}/step_{step:06d}"
+
+        def load_checkpoint(self, path):
+            return saved
+
+    class Weights:
+        def sync(self, step):
+            pass
+
+    import wandb
+
+    inits, real_init = [], wandb.init
+    monkeypatch.setattr(wandb, "init", lambda **kw: inits.append(kw) or real_init(**kw))
+    cfg = _cfg(dynamic=False)
+    cfg.logger.wandb, cfg.logger.wandb_mode = True, "offline"
+    first = _trainer(cfg, problems, FakeStages({}))
+    first.run_dir, first.learner = tmp_path / "run-a", Learner()
+    first.open_sinks(0).close()
+    first.save(3)
+    assert saved["extra"]["wandb_run_id"] == first.wandb_run_id
+    again = _trainer(cfg, problems, FakeStages({}))
+    again.run_dir, again.learner, again.weights = first.run_dir, Learner(), Weights()
+    again.resume_from = "checkpoint"
+    assert again.restore() == 3
+    again.open_sinks(3).close()
+    assert again.wandb_run_id == first.wandb_run_id
+    runs = sorted(p.name for p in (first.run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.endswith(f"-{first.wandb_run_id}") for r in runs)
+    named = {(kw["name"], kw["group"], tuple(kw["tags"])) for kw in inits}
+    assert named == {("run-a", "avspo", ("avspo", "arithmetic", "tiny"))}  # the schema's default
+    assert [kw["id"] for kw in inits] == [None, first.wandb_run_id]  # new, then continued
+
+
 def test_console_sink_prints_plain_lines_off_a_terminal(capsys):
     lines = []
     sink = ConsoleSink(10, progress="auto", write=lines.append)  # pytest's stdout is no tty
