@@ -134,6 +134,50 @@ def init_ray(cfg: TrainConfig) -> None:
     # (docs/NOTES.md: a task waiting while actors hold every CPU waits forever).
     num_cpus = cfg.cluster.num_cpus or max(4, int(need + 2.999))
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=logs, runtime_env=env)
+    if cfg.cluster.listen == "loopback":  # rests on a private Ray switch (LOOPBACK_ENV): checked
+        problem = beyond_loopback(ray_addresses())
+        if problem:
+            ray.shutdown()
+            from launch.config import ConfigError
+
+            raise ConfigError(f"cluster.listen: loopback, but {problem} (this Ray ignores "
+                              f"{', '.join(LOOPBACK_ENV)}); use cluster.listen=node behind a "
+                              "firewall")  # fmt: skip
+
+
+def ray_addresses() -> dict[str, str]:
+    """The addresses the running Ray reports: its GCS, this process's node and every node's
+    node manager and object store."""
+    import ray
+
+    found = {"GCS": ray.get_runtime_context().gcs_address.rsplit(":", 1)[0]}
+    found["this node"] = ray.util.get_node_ip_address()
+    for i, node in enumerate(ray.nodes()):
+        found[f"node {i} manager"] = node["NodeManagerAddress"]
+        found[f"node {i} object store"] = node.get("ObjectStoreSocketName", "")
+    return found
+
+
+def beyond_loopback(addresses: dict[str, str]) -> str | None:
+    """The first reported address that is neither loopback nor a local socket path, named.
+
+    >>> beyond_loopback({"GCS": "127.0.0.1", "store": "/tmp/ray/session/sockets/plasma_store"})
+    >>> beyond_loopback({"GCS": "127.0.0.1", "node 0 manager": "10.0.0.5"})
+    'Ray reports node 0 manager at 10.0.0.5'
+    """
+    import ipaddress
+
+    for what, address in addresses.items():
+        if not address or address.startswith("/"):  # a Unix socket's path
+            continue
+        host = address.strip("[]")
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            return f"Ray reports {what} at {address}"
+    return None
 
 
 @dataclass

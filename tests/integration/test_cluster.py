@@ -10,6 +10,7 @@ import ray
 from comm.actors import spawn_actor_group
 from launch.cluster import reserve, resolve_address, stage_bundles
 from launch.config import TrainConfig
+from tests.helpers import ROOT
 
 
 def _small() -> TrainConfig:
@@ -204,3 +205,30 @@ def test_a_joined_cluster_plans_the_drivers_node_like_a_local_one(ray_cluster):
     finally:
         for group in {id(p.group): p.group for p in placement.values()}.values():
             ray.util.remove_placement_group(group)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("listen", ["loopback", "node"])
+def test_the_loopback_check_reads_what_ray_reports(listen):
+    """``cluster.listen=loopback`` rests on a private Ray switch; after ``ray.init`` the run
+    checks every address Ray reports (launch/cluster.py beyond_loopback) and refuses otherwise.
+    A local Ray of each mode, in its own process (this one holds the tests' Ray): loopback
+    reports nothing beyond 127.0.0.1; node reports the machine's address, which the check names
+    (the same machine test_closed_and_multirun.py sees listening beyond loopback)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from launch.cluster import init_ray, ray_addresses, beyond_loopback\n"
+        "from tests.helpers import load\n"
+        f"init_ray(load('learner.num_ranks=1', 'cluster.listen={listen}'))\n"
+        "print('problem:', beyond_loopback(ray_addresses()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    if listen == "loopback":
+        assert "problem: None" in out.stdout, out.stdout
+    else:
+        assert "problem: Ray reports " in out.stdout, out.stdout
