@@ -82,10 +82,11 @@ def _adapters(layer) -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
 
 
 def _merged(w: torch.Tensor, layer) -> torch.Tensor:
-    """``W + (alpha / r) B A`` of ``layer``'s adapter, in W's dtype (computed in fp32)."""
-    a, b = _adapters(layer)
-    delta = (b.data.float() @ a.data.float()) * layer.scaling[ADAPTER]
-    return (w.data.float() + delta).to(w.dtype)
+    """``W + (alpha / r) B A`` of ``layer``'s adapter by peft's own merge (``get_delta_weight``:
+    its scaling, rsLoRA and fan-in/fan-out conventions, in W's dtype as ``merge_and_unload``
+    computes it), into a new tensor: W is not touched."""
+    with torch.no_grad():
+        return w.data + layer.get_delta_weight(ADAPTER).to(w.dtype)
 
 
 def _lora_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:

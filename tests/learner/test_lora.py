@@ -48,13 +48,15 @@ def test_only_the_adapters_train_on_every_linear_but_the_head():
     )
 
 
-def test_merged_weights_equal_peft_merge_under_the_base_names():
-    model = _trained_lora(LoraConfig(rank=4, alpha=8))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_merged_weights_equal_peft_merge_under_the_base_names(dtype):
+    """Bit for bit: the merge is peft's own (``get_delta_weight``), as ``merge_and_unload``."""
+    model = _trained_lora(LoraConfig(rank=4, alpha=8)).to(dtype)
     merged = merged_state_dict(model)
     reference = copy.deepcopy(model).merge_and_unload()  # peft's own merge
     assert list(merged) == list(reference.state_dict())  # the base names, in the model's order
     for name, t in reference.state_dict().items():
-        torch.testing.assert_close(merged[name], t, rtol=0, atol=1e-6)
+        torch.testing.assert_close(merged[name], t, rtol=0, atol=0)
     units = sync_units(model)  # what the collective sync sends: each parameter once
     assert [u.name for u in units] == [n for n, _ in reference.named_parameters()]
     for u in units:
