@@ -26,20 +26,31 @@ from reward.tasks import Problem
 def render(
     problems: list[Problem], tokenizer, *, chat_template: bool, system_prompt: str | None
 ) -> list[Problem]:
-    """``problems`` with their prompts rendered (unchanged without a chat template)."""
-    if not chat_template:
+    """``problems`` with their prompts rendered: through the model's chat template with
+    ``chat_template``, and always where the data holds chat messages (verl's ``prompt``
+    column: rendered as written, ``system_prompt`` first where they have no system turn);
+    else unchanged."""
+    if not chat_template and not any(p.messages for p in problems):
         return problems
     if getattr(tokenizer, "chat_template", "") is None:
-        raise ValueError("task.chat_template: the model's tokenizer has no chat template")
+        why = "task.chat_template" if chat_template else "task.question_key (chat messages)"
+        raise ValueError(f"{why}: the model's tokenizer has no chat template")
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+
+    def turns(p: Problem) -> list[dict]:
+        if p.messages is None:
+            return [*system, {"role": "user", "content": p.prompt}]
+        messages = [dict(m) for m in p.messages]
+        return messages if messages[0]["role"] == "system" else [*system, *messages]
+
     return [
         dataclasses.replace(
             p,
             prompt=tokenizer.apply_chat_template(
-                [*system, {"role": "user", "content": p.prompt}],
-                tokenize=False,
-                add_generation_prompt=True,
+                turns(p), tokenize=False, add_generation_prompt=True
             ),
         )
+        if chat_template or p.messages
+        else p
         for p in problems
     ]

@@ -41,9 +41,13 @@ VERIFIER_NAMES = ("numeric", "math", "reasoning_gym", "choice")
 @dataclass(frozen=True)
 class Problem:
     uid: str  # stable id: the ACR monitor's per-prompt key
-    question: str  # the problem as the data has it
+    question: str  # the problem as the data has it (chat messages: the last user turn's text)
     prompt: str  # what the policy sees (the task's template applied)
     answer: str  # the bare reference answer the verifier compares against
+    # chat messages as the data has them (verl's ``prompt`` column): launch/prompts.py renders
+    # them with the model's own chat template instead of ``prompt``
+    messages: tuple[tuple[tuple[str, str], ...], ...] | None = None
+    data_source: str | None = None  # the row's ``data_source`` (verl's layout), kept as is
 
 
 @dataclass
@@ -176,7 +180,47 @@ def _text_of(raw: Any) -> str:
     return str(raw).strip()
 
 
+def cell(row: dict, key: str) -> Any:
+    """``row[key]``, or for a dotted key a field of a nested column (verl's
+    ``reward_model.ground_truth``); None when absent.
+
+    >>> cell({"reward_model": {"ground_truth": "7"}}, "reward_model.ground_truth")
+    '7'
+    >>> cell({"a.b": 1}, "a.b"), cell({"a": {"c": 1}}, "a.b")
+    (1, None)
+    """
+    if key in row:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def chat_messages(raw: Any, key: str) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """A column of chat messages (a list of ``{"role", "content"}``, verl's ``prompt``) as a
+    hashable tuple of ((key, value), ...) pairs, checked: the roles known, the contents text,
+    a user turn present. Else a ValueError naming the column and what it holds."""
+    if not raw or not all(isinstance(m, dict) for m in raw):
+        raise ValueError(f"{key!r} holds a {type(raw).__name__}, not text nor chat messages")
+    for m in raw:
+        if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise ValueError(f"{key!r}: a chat message needs a role in {ROLES} and text content "
+                             f"(got {sorted(m)})")  # fmt: skip
+    if not any(m["role"] == "user" for m in raw):
+        raise ValueError(f"{key!r}: chat messages without a user turn")
+    return tuple((("role", m["role"]), ("content", m["content"])) for m in raw)
+
+
 def _answer_of(raw: Any, fmt: str, key: str) -> str:
+    if isinstance(raw, dict | list | tuple) and fmt != "list_first":
+        raise ValueError(f"{key!r} holds a {type(raw).__name__}, not text (a field inside a "
+                         "column is named with dots: reward_model.ground_truth)")  # fmt: skip
     if fmt == "list_first":
         if not isinstance(raw, list | tuple):
             raise ValueError(f"{key!r} is not a list of answers (got {type(raw).__name__})")
@@ -233,13 +277,20 @@ def load_problems(
             if not isinstance(row, dict):
                 raise DataError(f"{path}: row {i}: expected an object, got {type(row).__name__}")
             for key in (cfg.question_key, cfg.answer_key):
-                if key not in row or row[key] is None:
+                if cell(row, key) is None:
                     raise DataError(f"{path}: row {i}: missing column {key!r}")
-            question = str(row[cfg.question_key]).strip()
+            raw, messages = cell(row, cfg.question_key), None
+            try:
+                if isinstance(raw, list | tuple | dict):  # verl's chat messages, or refused
+                    messages = chat_messages(raw, cfg.question_key)
+                    raw = [dict(m) for m in messages if dict(m)["role"] == "user"][-1]["content"]
+            except ValueError as err:
+                raise DataError(f"{path}: row {i}: {err}") from None
+            question = str(raw).strip()
             if not question:
                 raise DataError(f"{path}: row {i}: empty {cfg.question_key!r}")
             try:
-                answer = _answer_of(row[cfg.answer_key], cfg.answer_format, cfg.answer_key)
+                answer = _answer_of(cell(row, cfg.answer_key), cfg.answer_format, cfg.answer_key)
                 if cfg.options_key is not None:
                     options = _options_of(row.get(cfg.options_key), cfg.options_key)
                     if CHOICE_LETTERS.index(answer) >= len(options):
@@ -258,12 +309,15 @@ def load_problems(
                 raise
             skipped += 1
             continue
+        source = row.get("data_source")
         problems.append(
             Problem(
                 uid=f"{name}:{i}",
                 question=question,
                 prompt=_prompt(cfg, question),
                 answer=answer,
+                messages=messages,
+                data_source=source if isinstance(source, str) else None,
             )
         )
     if not seen:
