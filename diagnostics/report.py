@@ -154,6 +154,10 @@ def _acc(v) -> str:
     return "n/a" if v is None else f"{v:.3f} ({100 * v:.1f}%)"
 
 
+def _count(n: int | None) -> str:
+    return "n/a" if n is None else str(n)
+
+
 def _summary_table(s: dict) -> list[str]:
     warn, src = s["early_warning_step"], s["acr100_source"] or "no acr/raw logged"
     coverage = acr100_coverage(s)
@@ -180,6 +184,7 @@ def _summary_table(s: dict) -> list[str]:
         ("mean wasted-token share", _num(s["mean_acr_wasted_token_frac"])),
         ("early warning", "none" if warn is None else f"step {warn}"),
         ("verifier error / timeout share", verifier),
+        ("training prompts dropped as over the context", _count(s["over_long_prompts"])),
         ("mean seconds per step", _num(s["time_per_step_s"], 2)),
         ("share of step time", ", ".join(shares) or "n/a"),
     ]

@@ -84,6 +84,8 @@ def summarize(run: Run) -> dict:
         out[f"mean_acr_{name}"] = _step_mean(run, f"acr/{name}")
     for name in ("error", "timeout"):
         out[f"mean_verifier_{name}_frac"] = _mean(run.series(f"reward/verifier_{name}_frac")[1])
+    dropped = run.series("data/over_long_prompts")[1]  # the same count on every step
+    out["over_long_prompts"] = int(dropped[-1]) if dropped else None
     out["time_per_step_s"], out["timing_share"] = _timing(run)
     return out
 

@@ -104,12 +104,15 @@ class Stages:
     learner: object | None  # learner/group.py LearnerGroup
     weights: WeightSync | None
     placement: dict
+    over_long_prompts: int = 0  # training prompts dropped as over the context (fit_context)
 
     def fault_metrics(self) -> dict[str, float]:
-        """Cumulative counts of the run's recovered faults (``fault/...``)."""
+        """Cumulative counts of the run's recovered faults (``fault/...``), and the training
+        prompts dropped as over the context (``data/over_long_prompts``)."""
         return {
             "fault/actor_restarts": float(self.rollout.restarts + self.verifier.restarts),
             "fault/regenerated_groups": float(self.rollout.regenerated),
+            "data/over_long_prompts": float(self.over_long_prompts),
         }
 
     def shutdown(self) -> None:
@@ -142,9 +145,7 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
         model = model_path = str(resume_from / "model")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     task, eval_sets = tasks_of(cfg, tokenizer, train, log)
-    problem = context_problem(cfg, task, eval_sets, tokenizer, train)
-    if problem:
-        raise ConfigError(problem)
+    task, eval_sets, over_long = fit_context(cfg, task, eval_sets, tokenizer, train, log)
     if train and resume_from is not None:
         check_resumable(cfg, task, resume_from)
     sampling = cfg.rollout.sampling
@@ -164,7 +165,7 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
     verifier = Verifier(cfg, placement["verifier"], log)
     return Stages(
         task, eval_sets, model_path, resume_from, stage, make_sampler(task.train, cfg.trainer),
-        rollout, verifier, learner, weights, placement,
+        rollout, verifier, learner, weights, placement, over_long,
     )  # fmt: skip
 
 
@@ -264,26 +265,43 @@ def _rendered(task: Task, cfg: TaskConfig, tokenizer) -> Task:
     )
 
 
-def context_problem(cfg: TrainConfig, task: Task, eval_sets: dict, tokenizer, train: bool):
-    """Whether a prompt plus its response budget can exceed ``rollout.max_model_len`` (vLLM
-    would refuse the prompt or cut the response short): the longest rendered prompt of each
-    split that runs, in tokens, plus ``max_new_tokens`` (``trainer.eval_max_new_tokens`` for
-    held-out sets). None when everything fits."""
+def fit_context(
+    cfg: TrainConfig, task: Task, eval_sets: dict, tokenizer, train: bool, log=print
+) -> tuple[Task, dict, int]:
+    """The task and held-out sets without the prompts whose rendered tokens plus their response
+    budget exceed ``rollout.max_model_len`` (vLLM would refuse them or cut the response short):
+    ``max_new_tokens`` for training, ``trainer.eval_max_new_tokens`` for held-out sets. Under
+    ``task.over_long=filter`` (each set's own task config) they are dropped, counted and logged;
+    under ``error``, or where a split would be left with none, a ConfigError names the longest.
+    Also returns how many training prompts were dropped."""
     limit = cfg.rollout.max_model_len
     train_new = cfg.rollout.sampling.max_new_tokens
     eval_new = cfg.trainer.eval_max_new_tokens or train_new
-    splits = [("task", "train", task.train, train_new)] if train else []
-    splits += [(_eval_key(n), "test", t.test, eval_new) for n, (t, _) in eval_sets.items()]
-    for key, split, problems, new in splits:
-        if not problems:
-            continue
-        longest = max(len(encode_prompt(tokenizer, p.prompt)) for p in problems)
-        if longest + new > limit:
-            return (
-                f"rollout.max_model_len: {limit} < the longest {split} prompt of {key} "
-                f"({longest} tokens) + {new} new tokens; raise it (or shorten the responses)"
-            )
-    return None
+
+    def fit(key: str, split: str, problems: list[Problem], new: int, mode: str) -> list:
+        lengths = [len(encode_prompt(tokenizer, p.prompt)) for p in problems]
+        kept = [p for p, n in zip(problems, lengths, strict=True) if n + new <= limit]
+        if len(kept) == len(problems):
+            return problems
+        over = (f"rollout.max_model_len: {limit} < the longest {split} prompt of {key} "
+                f"({max(lengths)} tokens) + {new} new tokens")  # fmt: skip
+        if mode == "error" or not kept:
+            why = "raise it (or shorten the responses)" if kept else "every prompt is over it"
+            raise ConfigError(f"{over}; {why}")
+        log(f"{key}: {len(problems) - len(kept)} of {len(problems)} {split} prompts dropped, "
+            f"over the context ({over}; task.over_long=error refuses instead)")  # fmt: skip
+        return kept
+
+    dropped = 0
+    if train:
+        kept = fit("task", "train", task.train, train_new, cfg.task.over_long)
+        task, dropped = dataclasses.replace(task, train=kept), len(task.train) - len(kept)
+    sets = {}
+    for name, (t, tc) in eval_sets.items():
+        base = task if name is None else t  # None: the training task's own test split
+        test = fit(_eval_key(name), "test", base.test, eval_new, tc.over_long)
+        sets[name] = (dataclasses.replace(base, test=test), tc)
+    return (sets[None][0] if None in sets else task), sets, dropped
 
 
 def _eval_key(name: str | None) -> str:

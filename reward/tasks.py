@@ -123,6 +123,10 @@ class TaskConfig:
     padding dropped). They are listed after the question as "A. ...", "B. ..." lines, and the
     letter answer must name one of them (``answer_format: letter``)."""
     on_bad_row: str = field(default="error", metadata={"choices": ("error", "skip")})
+    over_long: str = field(default="filter", metadata={"choices": ("filter", "error")})
+    """A prompt whose tokens plus its response budget exceed ``rollout.max_model_len``: dropped
+    and counted (filter: ``data/over_long_prompts``, a line in the log) or the run refused
+    (error). A split left with no prompt is refused either way."""
     gym_dataset: str = "basic_arithmetic"
     gym_config: dict[str, Any] = field(default_factory=dict)
 

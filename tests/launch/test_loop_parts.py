@@ -312,9 +312,10 @@ def test_trainer_config_has_the_stable_keys():
             node = getattr(node, part)
 
 
-def test_a_prompt_plus_its_response_budget_over_max_model_len_is_named():
-    """The tiny tokenizer is one token per character plus <s>: "p" * 50 is 51 tokens."""
-    from launch.stages import context_problem
+def test_prompts_over_the_context_are_dropped_and_counted_or_refused():
+    """The tiny tokenizer is one token per character plus <s>: "1" * 50 is 51 tokens, "p0" 3."""
+    from launch.config import ConfigError
+    from launch.stages import fit_context
     from launch.tiny_model import build_tokenizer
     from reward.tasks import Task
 
@@ -324,22 +325,29 @@ def test_a_prompt_plus_its_response_budget_over_max_model_len_is_named():
     cfg = TrainConfig()
     cfg.rollout.max_model_len, cfg.rollout.sampling.max_new_tokens = 64, 8
     sets = {None: (task, cfg.task)}
-    # train: 51 + 8 = 59 <= 64 fits; with 16 new tokens 51 + 16 = 67 > 64
-    assert context_problem(cfg, task, sets, tok, train=True) is None
+    # train: 51 + 8 = 59 <= 64 fits: nothing dropped
+    assert fit_context(cfg, task, sets, tok, train=True) == (task, sets, 0)
+    # with 16 new tokens 51 + 16 = 67 > 64: that prompt is dropped, counted and logged
     cfg.rollout.sampling.max_new_tokens = 16
-    message = context_problem(cfg, task, sets, tok, train=True)
-    assert message == (
-        "rollout.max_model_len: 64 < the longest train prompt of task (51 tokens) + 16 new "
-        "tokens; raise it (or shorten the responses)"
-    )
-    assert context_problem(cfg, task, sets, tok, train=False) is None  # test prompts: 3 tokens
-    # held-out sets with their own budget: "<s>p1" is 3 tokens, + 62 = 65 > 64
+    logs = []
+    fitted, fitted_sets, dropped = fit_context(cfg, task, sets, tok, True, logs.append)
+    assert dropped == 1 and [p.uid for p in fitted.train] == ["u0", "u1", "u2"]
+    assert fitted_sets[None][0] is fitted and fitted.test == task.test
+    assert logs == ["task: 1 of 4 train prompts dropped, over the context (rollout.max_model_len: "
+                    "64 < the longest train prompt of task (51 tokens) + 16 new tokens; "
+                    "task.over_long=error refuses instead)"]  # fmt: skip
+    cfg.task.over_long = "error"
+    with pytest.raises(ConfigError, match=r"^rollout.max_model_len: 64 < the longest train prompt "
+                       r"of task \(51 tokens\) \+ 16 new tokens; raise it"):  # fmt: skip
+        fit_context(cfg, task, sets, tok, train=True)
+    assert fit_context(cfg, task, sets, tok, train=False)[2] == 0  # test prompts: 3 tokens
+    # held-out sets with their own budget: "<s>p1" is 3 tokens, + 62 = 65 > 64: all over it
+    cfg.task.over_long = "filter"
     cfg.rollout.sampling.max_new_tokens = 8
     cfg.trainer.eval_max_new_tokens = 62
-    assert context_problem(cfg, task, {"x": (task, cfg.task)}, tok, train=False) == (
-        "rollout.max_model_len: 64 < the longest test prompt of trainer.eval_tasks.x (3 tokens) "
-        "+ 62 new tokens; raise it (or shorten the responses)"
-    )
+    with pytest.raises(ConfigError, match=r"trainer.eval_tasks.x \(3 tokens\) \+ 62 new tokens; "
+                       "every prompt is over it"):  # fmt: skip
+        fit_context(cfg, task, {"x": (task, cfg.task)}, tok, train=False)
 
 
 def test_evaluate_counts_solved_at_r_hi_for_accuracy_and_pass_at_k():

@@ -146,6 +146,20 @@ def test_trigger_rate_of_a_run_logged_before_augmented_groups_had_its_name(tmp_p
     assert s["trigger_rate"] is None and s["triggers"] == 0 and s["decision_rate"] == 1.0
 
 
+def test_the_summary_counts_the_prompts_dropped_as_over_the_context(tmp_path):
+    from pathlib import Path
+
+    from diagnostics.report import write_report
+
+    rows = [{"step": s, "acr/raw": 0.5, "data/over_long_prompts": 3.0} for s in (1, 2)]
+    run_dir = write_run(tmp_path / "run", rows)
+    assert summarize(load_run(run_dir))["over_long_prompts"] == 3
+    report = Path(write_report(run_dir)).read_text()
+    assert "| training prompts dropped as over the context | 3 |" in report
+    old = summarize(load_run(write_run(tmp_path / "old", [{"step": 1, "acr/raw": 0.5}])))
+    assert old["over_long_prompts"] is None  # a run logged before the count: not shown as 0
+
+
 def test_acr100_is_the_last_logged_value(tmp_path):
     rows = [
         {"step": 1, "acr/raw": 0.9, "acr/acr100": 0.9},
