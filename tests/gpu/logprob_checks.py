@@ -31,7 +31,8 @@ import torch
 
 # fp32 rounds each GEMM output to 2^-24 relative (bf16: 2^-9 with its 8-bit mantissa), 2^15 =
 # 32,768x finer. The bf16 gap measured on the H200 at this geometry was 0.0087 nats (docs/
-# NOTES.md), so the same kernels in fp32 should differ by ~0.0087 / 32,768 = 2.7e-7; 1e-3 leaves
+# NOTES.md), so the same kernels in fp32 should differ by ~0.0087 / 32,768 = 2.7e-7 (this
+# check's fp32 gap at the GPU geometry, run on a 2-core CPU: 5.9e-7); 1e-3 leaves
 # 3,700x for error growth bf16 hides and kernel differences (split-K order, attention paths),
 # and is 9x below that bf16 gap and 3x below what two stale steps added to it (0.0115 - 0.0087)
 # on the H200: what a wrong position, mask, temperature or weight does is far above it.
