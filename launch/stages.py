@@ -211,7 +211,7 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
         sleep_mode=cfg.cluster.colocate,
     )
     if not train:
-        rollout.wait_ready()
+        log(f"engines: {', '.join(rollout.wait_ready())}")  # e.g. "HFEngine on cuda"
         return rollout, None, None
     loss, sampling = cfg.algorithm.loss, cfg.rollout.sampling
     sleeps = engines_sleep(cfg)
@@ -229,6 +229,7 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
         ),
         engines_first=sleeps,
     )
+    log(f"engines: {', '.join(rollout.engines)}")
     return rollout, learner, WeightSync(rollout, learner, sleeps=sleeps)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -192,6 +192,19 @@ FAST_TINY = TinyConfig(
     sft_levels=[0, 1, 2],
     seed=0,
 )
+
+
+def tiny_overrides(tiny: TinyConfig) -> list[str]:
+    """Hydra overrides that select ``tiny`` instead of the default tiny model: its fields that
+    differ, e.g. ``model.tiny.hidden_size=128`` for FAST_TINY (which a run then loads from
+    launch/assets)."""
+    default = TinyConfig()
+    return [
+        f"model.tiny.{f.name}={getattr(tiny, f.name)}"
+        for f in fields(TinyConfig)
+        if getattr(tiny, f.name) != getattr(default, f.name)
+    ]
+
 
 # The build's numerics, pinned so that the weights do not depend on the thread count or the
 # vector ISA the CPU offers (made to give every x86-64 CPU with AVX2 the same weights; measured:

@@ -17,6 +17,8 @@ class RolloutConfig:
     num_workers: int = field(default=1, metadata={"ge": 1})
     num_cpus_per_worker: float = field(default=1.0, metadata={"ge": 0.0})
     num_gpus_per_worker: float = field(default=0.0, metadata={"ge": 0.0})
+    """GPUs each worker reserves from Ray; its engine (vllm or hf) computes on the GPU when it
+    holds any, else on the CPU (comm/devices.py)."""
     tensor_parallel_size: int = field(default=1, metadata={"ge": 1})
     max_model_len: int = field(default=512, metadata={"ge": 16})
     max_num_batched_tokens: int | None = field(default=None, metadata={"ge": 16})
@@ -34,8 +36,6 @@ class RolloutConfig:
     enable_prefix_caching: bool | None = None
     """vllm: reuse KV blocks of shared prompt prefixes (null = vLLM's default; the n samples of
     a prompt share its prefill either way)."""
-    device: str = "cpu"
-    """hf engine only: torch device."""
     weight_sync: str = field(
         default="object_store", metadata={"choices": ("object_store", "collective")}
     )

@@ -51,7 +51,7 @@ def make_engine(
         )
     from rollout.hf_engine import HFEngine
 
-    return HFEngine(model_path, dtype=dtype, device=cfg.device)
+    return HFEngine(model_path, dtype=dtype, device=device)
 
 
 class RolloutWorker:
@@ -92,10 +92,12 @@ class RolloutWorker:
 
             dynamo_config.disable = True
         self.engine = make_engine(cfg, node_folder(model_path), dtype, sleep_mode, device)
+        self.device = device
         self.threads = torch.get_num_threads()
 
     def ready(self) -> str:
-        return type(self.engine).__name__
+        """The engine and its device, e.g. ``HFEngine on cuda``."""
+        return f"{type(self.engine).__name__} on {self.device}"
 
     def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
         return self.engine.generate(prompts, params)
@@ -236,7 +238,8 @@ class RolloutGroup:
         return out
 
     def wait_ready(self) -> list[str]:
-        """Wait (``rollout.start_timeout_s``) until every engine is up; returns their names."""
+        """Wait (``rollout.start_timeout_s``) until every engine is up; returns their names and
+        devices (:meth:`RolloutWorker.ready`)."""
         self.engines = get(
             self._ready, timeout_s=self.cfg.start_timeout_s, what="starting rollout workers"
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -28,7 +27,7 @@ os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 os.environ.setdefault("AUTOSCALER_UPDATE_INTERVAL_S", "60")
 
 from launch.bootstrap import ModelConfig, ensure_model  # noqa: E402
-from launch.tiny_model import FAST_TINY, TinyConfig  # noqa: E402
+from launch.tiny_model import FAST_TINY, tiny_overrides  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # the datasets library's cache (local task files are converted into it): the session's own,
@@ -43,13 +42,7 @@ DATASETS_CACHE = os.environ.setdefault(
 def fast_tiny_overrides(tiny_model_dir: str) -> list[str]:
     """Hydra overrides that select FAST_TINY (the shipped model the ``tiny_model_dir`` fixture
     resolves) and the easy task level it handles (L1)."""
-    default = TinyConfig()
-    tiny = [
-        f"model.tiny.{f.name}={getattr(FAST_TINY, f.name)}"
-        for f in dataclasses.fields(TinyConfig)
-        if getattr(FAST_TINY, f.name) != getattr(default, f.name)
-    ]
-    return [*tiny, "task.difficulty=1", "task.num_test=32"]
+    return [*tiny_overrides(FAST_TINY), "task.difficulty=1", "task.num_test=32"]
 
 
 def pytest_report_header(config) -> str:

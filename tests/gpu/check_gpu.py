@@ -48,6 +48,17 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
+GAP_FLOOR_FACTOR, GAP_MIN_LIMIT = 4.0, 1e-3
+
+
+def gap_limit(floor: float) -> float:
+    """The engine/learner log-prob gap allowed, from the floor measured in the same run. A fixed
+    0.05 would be too loose for fp32 and too tight for some bf16 models (docs/NOTES.md: 0.19 on
+    SmolLM2's shared prefix, 0.011 on the tiny model). Part A no longer sizes its limit so
+    (tests/gpu/logprob_checks.py: the floor pairs two small-batch paths)."""
+    return max(GAP_FLOOR_FACTOR * floor, GAP_MIN_LIMIT)
+
+
 def line(name: str, ok: bool, figures: str) -> bool:
     print(f"{'PASS' if ok else 'FAIL'} {name}: {figures}", flush=True)
     return ok
@@ -101,7 +112,6 @@ def unit_checks(path: str) -> bool:
     from rollout.types import SamplingConfig
     from rollout.weight_sync import WeightSync
     from rollout.worker import RolloutGroup
-    from tests.gpu.check_learner_gpu import gap_limit
 
     ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=True)
     ok = True

@@ -1,9 +1,8 @@
 """GPU check, Part A: the learner and the hf engine on a bare PyTorch GPU machine (torch,
-transformers, numpy; no Ray, vLLM or Hydra), at most 4 minutes on one H200, nothing downloaded.
+transformers, numpy; no Ray, vLLM or Hydra), within 4 minutes on one H200, nothing downloaded:
 
-    python tests/gpu/pack_wheels.py                      # here: DeepSpeed + its small deps
-    # there (the wheels folder carried along):
-    pip install --no-index --find-links tests/gpu/wheels deepspeed
+    python tests/gpu/pack_wheels.py                      # here (tests/gpu/run_gpu_checks.sh
+    # installs them there and runs Parts A and C in one go), then there:
     python tests/gpu/check_learner_gpu.py --out learner_gpu.json
 
     python tests/gpu/check_learner_gpu.py --device cpu   # the same items at small sizes (CI)
@@ -25,14 +24,12 @@ Items:
 - ``zero0``: one bf16 step at ZeRO-0 (its own finiteness flag, all-reduced on the device).
 - ``sync group``: the weight-sync group's constructor (NCCL on the GPU) and one header and one
   bucket broadcast at world size 1.
-- ``hf engine``: it loads the learner's weights after its steps (every tensor equal, policy
-  version 2), then seeded sampling on the device (same seed, same tokens; another seed, other
-  tokens), and its log-probs against the learner's (bf16 both). The limit is sized from a
-  baseline measured in the same run: the gap between the engine's own decode log-probs and its
-  full forward of the same sequences (two bf16 evaluations of the same weights); the learner's
-  gap must stay within 4x that floor (at least 1e-3). A figure beside it, the engine's own
-  forward of the learner's padded batch against its decode, tells a padding effect from a
-  learner defect.
+- ``engine_seeded``: the hf engine loads the learner's weights after its steps (policy version
+  2), then seeded sampling on the device (same seed, same tokens; another seed, other tokens).
+- The log-prob items (tests/gpu/logprob_checks.py): ``bf16_vs_fp32`` (zero2's child: each
+  side's bf16 error against an fp32 copy of the weights, with the bf16 gap, its floor and the
+  engine on the learner's micro-batches as figures), ``engine_gap_fp32`` and
+  ``stale_weights_control`` (a child of their own: both sides in fp32, TF32 off).
 """
 
 from __future__ import annotations
@@ -56,18 +53,14 @@ SIZES = {
     # Qwen2.5-0.5B: vocabulary 151,936, 24 layers, hidden 896, 14 heads (2 KV), MLP 4,864, tied
     # embeddings
     "cuda": dict(vocab=151_936, layers=24, hidden=896, heads=14, kv_heads=2, mlp=4864, rows=64,
-                 prompt=200, response=1024, micro=8, timeout=240),
+                 prompt=200, response=1024, micro=8, timeout=240, lr=1e-5),
     "cpu": dict(vocab=8192, layers=2, hidden=64, heads=2, kv_heads=1, mlp=128, rows=4,
-                prompt=24, response=72, micro=2, timeout=600),
+                prompt=24, response=72, micro=2, timeout=600, lr=1e-3),
 }  # fmt: skip
-GAP_FLOOR_FACTOR, GAP_MIN_LIMIT = 4.0, 1e-3
-
-
-def gap_limit(floor: float) -> float:
-    """The engine/learner log-prob gap allowed, from the floor measured in the same run (Part B
-    uses it too). A fixed 0.05 would be too loose for fp32 and too tight for some bf16 models
-    (docs/NOTES.md: 0.19 on SmolLM2's shared prefix, 0.011 on the tiny model)."""
-    return max(GAP_FLOOR_FACTOR * floor, GAP_MIN_LIMIT)
+# lr: one update must move the learner's log-probs of the samples it trained on far past the
+# fp32 limit (logprob_checks.py's stale control). Adam moves every weight by ~lr, so the move
+# grows with the weights' count: in fp32 on this CPU, one update at 1e-5 moved the 0.5B
+# geometry's by 0.44 nats and the 0.6M CPU model's by 0.0011; 100x the rate for ~800x fewer.
 
 
 def build_model(out: Path, size: dict) -> str:
@@ -99,7 +92,7 @@ def build_model(out: Path, size: dict) -> str:
 # ---- in a child process -------------------------------------------------------------------
 
 
-def start_rank(model: str, device: str, zero_stage: int, micro: int):
+def start_rank(model: str, device: str, zero_stage: int, micro: int, dtype: str = "bfloat16"):
     from learner.config import LearnerConfig
     from learner.loss import LossConfig
     from learner.rank import LearnerRank
@@ -107,17 +100,17 @@ def start_rank(model: str, device: str, zero_stage: int, micro: int):
     cfg = LearnerConfig(
         num_ranks=1,
         zero_stage=zero_stage,
-        lr=1e-5,
+        lr=SIZES[device]["lr"],
         micro_batch_size=micro,
         mini_batch_size=None,
         logits="chunked",
         gradient_checkpointing=True,
         attn_implementation="sdpa",
-        dtype="bfloat16",
+        dtype=dtype,
         num_gpus_per_rank=1.0 if device == "cuda" else 0.0,
         timeout_s=120,
     )
-    rank = LearnerRank(0, 1, cfg, LossConfig(), model, dtype="bfloat16")
+    rank = LearnerRank(0, 1, cfg, LossConfig(), model, dtype=dtype)
     rank.init(*rank.address("127.0.0.1"))
     return rank, cfg
 
@@ -207,8 +200,10 @@ def item_step(model: str, device: str, size: dict, zero_stage: int) -> dict:
         )
         out["export"] = {"ok": equal, "tensors": len(gathered)}
     if zero_stage == 2:
+        from tests.gpu.logprob_checks import item_bf16
+
         out |= item_sync_group(rank, device)
-        out |= item_engine(model, device, rank, cfg)
+        out |= item_bf16(model, device, rank, cfg, lambda b, v: step(rank, cfg, b, v))
     return out
 
 
@@ -228,66 +223,14 @@ def item_sync_group(rank, device: str) -> dict:
     return {"sync_group": {"ok": sent == want, "backend": backend, "bytes": sent}}
 
 
-def item_engine(model: str, device: str, rank, cfg) -> dict:
-    from learner.batch import build_batch
-    from rollout.hf_engine import HFEngine
-    from rollout.types import SamplingConfig
-
-    # the rank took two steps (warm-up and timed; the poisoned one was skipped): the engine
-    # loads its weights as a weight sync would, so that both sides hold the same policy
-    engine = HFEngine(model, dtype="bfloat16", device=device)
-    learned = weights(rank)
-    engine.load_weights([learned], version=2)
-    held = engine.model.state_dict()
-    same = held.keys() == learned.keys() and all(
-        torch.equal(held[n].cpu(), learned[n]) for n in held
-    )
-    prompts = ["12+7=", "3*4=", "40-9=", "5+5="]
-    params = SamplingConfig(n=4, temperature=1.0, max_new_tokens=32, seed=7)
-    a = engine.generate(prompts, params)
-    b = engine.generate(prompts, params)
-    c = engine.generate(prompts, SamplingConfig(n=4, temperature=1.0, max_new_tokens=32, seed=8))
-    ids = lambda groups: [s.response_ids for g in groups for s in g.samples]  # noqa: E731
-    seeded = ids(a) == ids(b) and ids(a) != ids(c)
-    # the floor: the engine's decode log-probs against its own full forward of the sequences
-    floor_sum, n = 0.0, 0
-    for g in a:
-        for s in g.samples:
-            full = engine.score(g.prompt_ids, s.response_ids)
-            floor_sum += sum(abs(x - y) for x, y in zip(full, s.logprobs, strict=True))
-            n += len(s.logprobs)
-    floor = floor_sum / max(n, 1)
-    batch = build_batch(a, torch.zeros(sum(len(g.samples) for g in a)), pad_id=0)
-    batched = batched_gap(engine, batch)
-    m = step(rank, cfg, batch, learner_version=engine.policy_version)
-    gap = m["rollout/logprob_abs_diff_mean"]
-    limit = gap_limit(floor)
-    return {
-        "engine_seeded": {"ok": seeded, "samples": len(ids(a))},
-        "engine_gap": {"ok": gap <= limit and same, "gap_mean": gap, "gap_max":
-                       m["rollout/logprob_abs_diff_max"], "floor": floor, "limit": limit,
-                       "weights_equal": same, "policy_version": engine.policy_version,
-                       "engine_batched_gap": batched},
-    }  # fmt: skip
-
-
-@torch.no_grad()
-def batched_gap(engine, batch) -> float:
-    """A figure, not a test: the engine's own model run on the learner's right-padded batch
-    (one forward of every row) against its decode log-probs. Near the learner's gap, the gap
-    comes from scoring padded batches, not from the learner's code (two H200 runs measured a
-    learner gap 5.5x the floor: docs/NOTES.md)."""
-    from learner.logprobs import token_logprobs
-
-    ids = batch.input_ids.to(engine.device)
-    out = engine.model(input_ids=ids, attention_mask=batch.attention_mask.to(engine.device))
-    logp, _ = token_logprobs(out.logits, ids)
-    mask = batch.response_mask.bool()
-    return float((logp.cpu() - batch.old_logprobs).abs()[mask].mean())
-
-
 def child(item: str, model: str, device: str) -> dict:
     size = SIZES[device]
+    if item == "fp32":  # the log-prob defect test: both sides in fp32 (logprob_checks.py)
+        from tests.gpu.logprob_checks import fp32_exact, item_fp32
+
+        fp32_exact()
+        rank, cfg = start_rank(model, device, 2, size["micro"], dtype="float32")
+        return item_fp32(model, device, rank, cfg, lambda b, v: step(rank, cfg, b, v))
     stage = {"zero2": 2, "zero3": 3, "zero0": 0}[item]
     return item_step(model, device, size, stage)
 
@@ -300,7 +243,9 @@ def run_child(item: str, model: str, device: str, deadline: float) -> dict:
     if left <= 5:
         return {item: {"ok": False, "error": "global timeout reached before it started"}}
     cmd = [sys.executable, __file__, "--child", item, "--model", model, "--device", device]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the repository first, then what the caller had (run_gpu_checks.sh: the installed wheels)
+    paths = (str(ROOT), os.environ.get("PYTHONPATH"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=left, env=env)
     except subprocess.TimeoutExpired:
@@ -333,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(Path(tmp) / "model", SIZES[args.device])
         figures["build_seconds"] = time.monotonic() - t0
-        for item in ("zero2", "zero3", "zero0"):
+        for item in ("zero2", "fp32", "zero3", "zero0"):
             for name, result in run_child(item, model, args.device, deadline).items():
                 figures[f"{item} {name}"] = result
                 ok = "PASS" if result.get("ok") else "FAIL"

@@ -46,7 +46,7 @@ def test_groups_in_order_with_forward_consistent_logprobs(group, reference_model
     """Log-probs are those of the distribution sampled, softmax(logits / T), for both engines
     (on the old code both reported T = 1 log-probs, so T = 0.6 failed)."""
     engine, g = group
-    assert set(g.engines) == {"HFEngine" if engine == "hf" else "VLLMEngine"}
+    assert set(g.engines) == {"HFEngine on cpu" if engine == "hf" else "VLLMEngine on cpu"}
     groups = g.generate(PROMPTS, dataclasses.replace(PARAMS, temperature=temperature))
     assert [grp.prompt for grp in groups] == PROMPTS  # spread over 2 workers, back in order
     for grp in groups:
