@@ -260,14 +260,14 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
     import subprocess
     import sys
 
-    busy = [str(tmp_path / f"busy{i}") for i in range(2)]  # each worker creates one, then sleeps
+    # each worker creates "busy" in its scratch folder (its working directory), then sleeps
     code = (
         "import os, threading, time\n"
         "from reward.pool import PoolConfig, VerifierPool\n"
         "p = VerifierPool(PoolConfig(num_workers=2, step_budget_s=None))\n"
         "p.verify(['1+1=2'], ['2'], verifier='numeric')\n"
-        f"busy = {busy!r}\n"
-        "args = (['30', '30'], busy)\n"
+        "busy = [os.path.join(w.scratch, 'busy') for w in p._workers]\n"
+        "args = (['30', '30'], ['busy', 'busy'])\n"
         "kw = dict(verifier='_test_sleep', timeout_s=60)\n"
         "threading.Thread(target=p.verify, args=args, kwargs=kw, daemon=True).start()\n"
         "while not all(os.path.exists(b) for b in busy):\n"
