@@ -37,5 +37,7 @@ def main(raw: DictConfig) -> None:
     print(json.dumps({"model": stages.model_path, "num_problems": problems, **metrics}))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the config checked first, as launch.train (exit 2, one line)
+    from launch.train import cli
+
+    cli(main)

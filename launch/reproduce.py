@@ -43,7 +43,7 @@ from launch.experiments import ExperimentError, cell_id, load_experiment
 from launch.grid import cell_models, command, pending, read_rows, refresh_rows, run_grid
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m launch.reproduce", description="A resumable grid of runs, then statistics."
     )
@@ -60,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--commit", action="store_true", help="git-commit the results file after each run"
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         exp = load_experiment(args.experiment)
     except ExperimentError as e:
