@@ -13,21 +13,16 @@ from reward import verify
 from reward.actor import VerifierActor
 from reward.pool import PoolConfig, VerifierPool
 from reward.verifiers import Verdict
+from tests.helpers import pool_loading
 
 MARGIN_S = 1.0  # allowed past an item's timeout: kill + bookkeeping on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
 def pool():
-    old = os.environ.get("AVSPO_VERIFIER_MODULES")
-    os.environ["AVSPO_VERIFIER_MODULES"] = "tests.reward.fault_verifiers"
-    p = VerifierPool(PoolConfig(num_workers=2, timeout_s=1.0, memory_mb=768))
-    yield p
-    p.close()
-    if old is None:
-        os.environ.pop("AVSPO_VERIFIER_MODULES")
-    else:
-        os.environ["AVSPO_VERIFIER_MODULES"] = old
+    cfg = PoolConfig(num_workers=2, timeout_s=1.0, memory_mb=768)
+    with pool_loading("tests.reward.fault_verifiers", cfg) as p:
+        yield p
 
 
 def test_results_in_order_across_workers(pool):

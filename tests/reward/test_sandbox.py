@@ -11,22 +11,16 @@ import time
 import pytest
 
 from reward.pool import PoolConfig, VerifierPool
+from tests.helpers import pool_loading
 
 PROTECTIONS = ("network", "user", "home", "rlimits", "audit_hook")
 
 
 @pytest.fixture(scope="module")
 def pool():
-    old = os.environ.get("AVSPO_VERIFIER_MODULES")
-    os.environ["AVSPO_VERIFIER_MODULES"] = "tests.reward.sandbox_probes"
-    p = VerifierPool(PoolConfig(num_workers=1, timeout_s=5.0))
-    p.verify(["1+1=2"], ["2"], verifier="numeric")  # started: its report is in
-    yield p
-    p.close()
-    if old is None:
-        os.environ.pop("AVSPO_VERIFIER_MODULES")
-    else:
-        os.environ["AVSPO_VERIFIER_MODULES"] = old
+    with pool_loading("tests.reward.sandbox_probes", PoolConfig(num_workers=1, timeout_s=5.0)) as p:
+        p.verify(["1+1=2"], ["2"], verifier="numeric")  # started: its report is in
+        yield p
 
 
 @pytest.fixture
