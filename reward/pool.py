@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from reward.sandbox import make_scratch, remove_scratch
+from reward.sandbox import make_scratch, remove_scratch, sweep_scratch
 from reward.verifiers import VERIFIERS, Verdict, load_verifier_modules
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ class VerifierPool:
         self.last_errors: list[str] = []  # exception texts of the last call's "error" items
         self.protections: dict[str, str] = {}  # the sandbox's, as the first worker reported
         self._start_failures = 0
+        sweep_scratch()  # folders a killed pool left behind
         self._workers = [self._spawn() for _ in range(self.cfg.num_workers)]
 
     def _spawn(self) -> _Worker:

@@ -51,10 +51,14 @@ FILE_SIZE_LIMIT = 64 * 2**20
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
+SCRATCH_PREFIX = "avspo-verifier-"
+
+
 def make_scratch() -> tuple[str, int | None, int | None]:
-    """The parent's part: a fresh scratch folder, and the uid/gid the worker becomes (``nobody``
-    when this process is root; it then owns the folder), or None."""
-    folder = tempfile.mkdtemp(prefix="avspo-verifier-")
+    """The parent's part: a fresh scratch folder (named after this process: see
+    :func:`sweep_scratch`), and the uid/gid the worker becomes (``nobody`` when this process is
+    root; it then owns the folder), or None."""
+    folder = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
     if os.geteuid() != 0:
         return folder, None, None
     import pwd
@@ -70,6 +74,24 @@ def make_scratch() -> tuple[str, int | None, int | None]:
 def remove_scratch(folder: str | None) -> None:
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep_scratch() -> int:
+    """Remove the scratch folders of pools whose process is gone (a Ray actor killed with its
+    workers: SIGKILL leaves no one to clean up); returns how many. Run when a pool starts."""
+    removed = 0
+    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = path.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # gone (another user's live process: PermissionError)
+            remove_scratch(str(path))
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def _libc():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +91,29 @@ def test_the_scratch_folder_goes_with_its_worker(monkeypatch):
         scratch = p._workers[0].scratch
         assert os.path.isdir(scratch)
     assert not os.path.exists(scratch)
+
+
+def test_a_killed_pools_scratch_folders_are_swept_by_the_next_pool():
+    """A pool's process SIGKILLed with its workers (Ray kills an actor's process tree) leaves
+    its folders; the next pool removes them (named by the dead process's pid), not a live one's."""
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from reward.sandbox import SCRATCH_PREFIX, sweep_scratch
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{child.pid}-")
+    live = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getppid()}-")
+    (Path(dead) / "left.txt").write_text("x")
+    sweep_scratch()
+    assert os.path.isdir(dead)  # its process still runs: kept
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    sweep_scratch()
+    assert not os.path.exists(dead) and os.path.isdir(live)
+    os.rmdir(live)
 
 
 def test_resource_limits(pool):
