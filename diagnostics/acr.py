@@ -187,7 +187,7 @@ class ACRMonitor:
 
         ``prompt_keys`` (optional) names each group's prompt, in ascending group-id order, for
         the per-prompt collapse history. ``verifier_reasons`` (optional) are the verdict reasons
-        of the step's samples ("ok", "wrong", "no_answer", "timeout", "error"). ``stats``
+        of the step's samples (reward/verifiers.py REASONS). ``stats``
         (optional) are the step's :func:`collapse_stats` already computed by the advantage
         stage (``AdvantageResult.stats``); they are reused when computed with this monitor's
         tau and r_lo, so the step's group statistics are computed once.

@@ -44,13 +44,16 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 BUILD_VERSION = 2  # bump when a builder changes what it writes (2: the pinned tiny build)
 
 
-def local_model(path: str, revision: str | None = None, log=print) -> ModelRef:
+def local_model(
+    path: str, revision: str | None = None, log=print, *, ask_only: bool = False
+) -> ModelRef | None:
     """``model.path`` resolved: a local folder as is, else a hub id at ``revision`` (a branch,
     tag or commit; None: main) through ``huggingface_hub`` as transformers and vLLM resolve it:
     the hub names the commit, whose model files (configs, tokenizer, one weight format) come
     from the hub cache or are downloaded into it (``$HF_HOME``, with progress bars). Offline
     (``HF_HUB_OFFLINE=1``) or with the hub unreachable, a complete cached snapshot is used; else
-    a ConfigError naming ``model.path`` (or ``model.revision``) and why."""
+    a ConfigError naming ``model.path`` (or ``model.revision``) and why. ``ask_only``: only ask
+    the hub whether it has the model (None; a ConfigError if it does not or cannot be asked)."""
     if Path(path).expanduser().is_dir():
         return ModelRef(str(Path(path).expanduser()))
     from huggingface_hub import HfApi, snapshot_download
@@ -64,7 +67,7 @@ def local_model(path: str, revision: str | None = None, log=print) -> ModelRef:
     from launch.config import ConfigError
 
     try:
-        info = HfApi().model_info(path, revision=revision)
+        info = HfApi().model_info(path, revision=revision, timeout=30 if ask_only else None)
     except HFValidationError:
         raise ConfigError(
             f"model.path: {path!r} is neither a local folder nor a hub id (org/name)"
@@ -82,11 +85,50 @@ def local_model(path: str, revision: str | None = None, log=print) -> ModelRef:
         raise ConfigError(f"model.revision: {revision!r} is not a revision of {path}") from None
     except Exception as err:  # noqa: BLE001 - offline, unreachable, hub error: the cache decides
         return _cached_snapshot(path, revision, err)
+    if ask_only:
+        return None
     patterns = weight_patterns([s.rfilename for s in info.siblings or []])
     log(f"model {path} at {revision or 'main'}: commit {info.sha} (hub cache, else download)")
     # by the revision's name, so the cache records it (refs/) for an offline run later
     folder = snapshot_download(path, revision=revision, allow_patterns=patterns)
     return ModelRef(folder, path, Path(folder).name, tuple(patterns))
+
+
+def check_model_path(cfg: ModelConfig) -> None:
+    """``--validate``: ``model.path`` names a model folder, or a hub id that is in the hub cache
+    or that the hub has (asked, offline never); nothing is downloaded. A ConfigError names the
+    key and why."""
+    from launch.config import ConfigError
+
+    if cfg.source != "path" or not cfg.path:
+        return
+    folder = Path(cfg.path).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model.path: {cfg.path} has no config.json (not a model folder)")
+        return
+    if cfg.path.startswith(("/", ".", "~")) or cfg.path.count("/") != 1:
+        raise ConfigError(f"model.path: {cfg.path!r} is no folder here, nor a hub id (org/name)")
+    if _in_cache(cfg.path, cfg.revision):
+        return
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(
+            f"model.path: {cfg.path!r} is not in the local Hugging Face hub cache at revision "
+            f"{cfg.revision or 'main'} and HF_HUB_OFFLINE is set (download it where the hub is "
+            "reachable, or set model.path to a folder)"
+        )
+    local_model(cfg.path, cfg.revision, ask_only=True)
+
+
+def _in_cache(path: str, revision: str | None) -> bool:
+    """A complete cached snapshot of ``path`` at ``revision`` (one weight format), read only."""
+    try:
+        _cached_snapshot(path, revision, RuntimeError("not asked"))
+    except Exception:  # noqa: BLE001 - ConfigError: not there
+        return False
+    return True
 
 
 def _cached_snapshot(path: str, revision: str | None, why: Exception) -> ModelRef:

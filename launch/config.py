@@ -1,7 +1,9 @@
 """The whole run's config schema, its Hydra registration and its validation.
 
 Dataclasses are the schema (one source of truth); ``conf/**/*.yaml`` hold presets. Hydra rejects
-an unknown key or a value of the wrong type while composing, naming the key's full path.
+an unknown key or a value of the wrong type while composing, naming the key's full path; a key
+added with ``+`` (which Hydra accepts anywhere) is checked against the schema too
+(launch/schema_keys.py: only free-form maps such as ``task.gym_config`` take new keys).
 :func:`validate` then checks values (``field(metadata=...)``: ``choices``, ``ge``, ``gt``,
 ``le``, ``lt``, and a dataclass's own ``check()``), again naming the path, before any actor
 starts.
@@ -23,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from diagnostics.acr import MonitorConfig
 from launch.model_config import ModelConfig
 from launch.sampler import SAMPLERS
+from launch.schema_keys import unknown_keys
 from learner.config import AlgorithmConfig, LearnerConfig, minibatch_problem
 from reward.pool import PoolConfig
 from reward.tasks import TaskConfig
@@ -272,18 +275,27 @@ def _length_problem(cfg: TrainConfig) -> str | None:
     values = {"rollout.max_model_len": rollout.max_model_len}
     values["rollout.sampling.max_new_tokens"] = rollout.sampling.max_new_tokens
     small = [k for k, v in values.items() if v <= TINY_LIMITS[k]]
+    model, preset = _model_and_preset(cfg.model)
     if small:
         shown = ", ".join(f"{k}={values[k]}" for k in small)
         return (
-            f"{small[0]}: {shown} are the tiny model's limits, too short for model "
-            f"{cfg.model.name!r} (its preset, conf/model/{cfg.model.name}.yaml, sets its own)"
+            f"{small[0]}: {shown} are the tiny model's limits, too short for model {model} "
+            f"({preset})"
         )
     if cfg.learner.lr >= TINY_LR and cfg.learner.lora.rank == 0:  # LoRA: ~1e-4 is usual
         return (
             f"learner.lr: {cfg.learner.lr:g} is the tiny model's learning rate; a pretrained "
-            f"model ({cfg.model.name!r}) wants ~1e-6 (its preset sets it)"
+            f"model ({model}) wants ~1e-6 ({preset})"
         )
     return None
+
+
+def _model_and_preset(model: ModelConfig) -> tuple[str, str]:
+    """The model a message is about, and the preset that sets its lengths and lr. A model by
+    path with the tiny preset's values (``model.source=path`` alone) is named by its path."""
+    if model.source == "path" and model.name == "tiny":
+        return repr(model.path), "use the preset for one: model=pretrained model.path=..."
+    return repr(model.name), f"its preset, conf/model/{model.name}.yaml, sets its own"
 
 
 def _async_problem(cfg: TrainConfig) -> str | None:
@@ -428,7 +440,16 @@ def validate(node: Any, path: str = "") -> None:
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
     """Hydra's composed config -> a validated :class:`TrainConfig`."""
-    obj = OmegaConf.to_object(cfg)
+    unknown = unknown_keys(OmegaConf.to_container(cfg, resolve=False), TrainConfig)
+    if unknown:
+        where, close = unknown[0]
+        parent, _, key = where.rpartition(".")
+        hint = f" (did you mean {parent + '.' if parent else ''}{close}?)" if close else ""
+        raise ConfigError(f"{where}: unknown key {key!r}, not in the schema{hint}")
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:  # a missing mandatory value (???), ...
+        raise ConfigError(str(err).splitlines()[0]) from None
     if not isinstance(obj, TrainConfig):
         raise ConfigError(f"<root>: expected a TrainConfig, got {type(obj).__name__}")
     validate(obj)

@@ -37,5 +37,13 @@ def main(raw: DictConfig) -> None:
     print(json.dumps({"model": stages.model_path, "num_problems": problems, **metrics}))
 
 
+def cli() -> None:
+    """``python -m launch.evaluate``: the config checked first, as ``launch.train`` does (a bad
+    key or value: exit 2, one line), then :func:`main`."""
+    from launch.train import cli as checked
+
+    checked(main)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -44,7 +44,7 @@ from launch.resume import CheckpointFailed, Stopped, fingerprint, truncate_metri
 from launch.sampler import mixed_token_share
 from launch.stages import Stages
 from learner import checkpoint
-from learner.advantage_stage import dapo_selection, informative_groups
+from learner.advantage_stage import dapo_selection, group_faults, informative_groups
 from learner.batch import build_batch
 from reward.health import VerifierHealth
 from reward.intrinsic import mix_rewards
@@ -210,7 +210,10 @@ class Trainer:
             if not dyn.enabled:
                 break
             scores = [v.score for v in scored]
-            informative += informative_groups(new, scores, tau=self.cfg.algorithm.tau)
+            faulted = group_faults(new, scored)  # unknown rewards: never informative
+            informative += informative_groups(
+                new, scores, tau=self.cfg.algorithm.tau, faulted=faulted
+            )
             if sum(informative) >= want:
                 break
         trained = [True] * len(groups)

@@ -47,7 +47,7 @@ from launch.experiments import ExperimentError, cell_id, load_experiment, parse_
 from launch.grid import cell_models, command, pending, read_rows, refresh_rows, run_grid
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m launch.reproduce", description="A resumable grid of runs, then statistics."
     )
@@ -72,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run only the cells with this axis value (repeatable: method=grpo --only "
         "method=avspo_fast runs both, seed-major); the report still covers every cell",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         exp = load_experiment(args.experiment)
         only = parse_only(exp, args.only)

@@ -231,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     if args.timeout_s <= 0:
         fail("--timeout-s must be > 0")
+    run_dir = check_overrides(args.overrides)  # a bad key fails before any address is needed
     address = resolve_address(args.address)
-    run_dir = check_overrides(args.overrides)
     if not run_dir or not os.path.isabs(run_dir):
         print(
             "launch.submit: warning: trainer.run_dir is not an absolute path: the run's files "

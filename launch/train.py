@@ -138,14 +138,16 @@ def overrides_of(argv: list[str]) -> list[str]:
 
 
 def validate(overrides: list[str], *, data: bool = True) -> list[str]:
-    """Compose, check every key, value and cross-field rule, and read the tasks' data files
-    (bad rows named); exit 2 with one line on the first problem. No actor, model or Ray.
-    ``data=False`` (``--cfg``: printing the config needs no data) reads no file and returns
-    the data files that are not there, each once."""
+    """Compose, check every key, value and cross-field rule, read the tasks' data files (bad rows
+    named) and find ``model.path`` (a folder, or a hub id in the cache or on the hub: nothing is
+    downloaded); exit 2 with one line on the first problem. No actor, no model loaded, no Ray.
+    ``data=False`` (``--cfg`` and a plain run's first check) reads no file and asks no hub, and
+    returns the data files that are not there, each once."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from launch.bootstrap import check_model_path
     from launch.config import ConfigError
     from reward.data import data_paths
     from reward.tasks import data_files, make_task
@@ -164,22 +166,30 @@ def validate(overrides: list[str], *, data: bool = True) -> list[str]:
             return list(dict.fromkeys(missing))  # a file two tasks read, once
         for task in tasks:
             make_task(task)
+        check_model_path(cfg.model)
     return []
 
 
-def cli() -> None:
-    """``python -m launch.train``: ``--validate`` checks the whole config (and the data files)
-    and exits 0 or 2 without starting anything; ``--cfg job|all`` validates the config (not the
-    data: it says which data files are missing) before Hydra prints it; anything else runs
-    :func:`main`."""
+HYDRA_PAGES = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
+"""Hydra's flags that print something and run nothing (no config to check first)."""
+
+
+def cli(main=main) -> None:
+    """``python -m launch.train``: ``--validate`` checks the whole config (the data files and
+    ``model.path`` too) and exits 0 or 2 without starting anything; otherwise the config (not
+    the data) is checked first, so a bad key or value exits 2 with one line before Hydra runs
+    ``main`` or prints the config (``--cfg job|all``, which then says which data files are
+    missing). ``--multirun`` jobs are each checked as they start (sweeps are Hydra's to
+    expand). ``launch.evaluate`` shares this with its own ``main``."""
     argv = sys.argv[1:]
     if "--validate" in argv:
         validate(overrides_of(argv))
         print("config ok")
         return
-    missing = validate(overrides_of(argv), data=False) if {"--cfg", "-c"} & set(argv) else []
+    skip = {"--multirun", "-m", *HYDRA_PAGES} & set(argv)
+    missing = [] if skip else validate(overrides_of(argv), data=False)
     main()
-    if missing:  # after Hydra's printout: the last thing on the console
+    if missing and {"--cfg", "-c"} & set(argv):  # after Hydra's printout: the last line
         print(
             f"note: {len(missing)} data file(s) not found (--validate and the run read them): "
             + ", ".join(missing),

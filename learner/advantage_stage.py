@@ -8,10 +8,19 @@ takes the step's groups and verdicts and
    ``algorithm.overlong.shaping``: r + penalty(|y|), :func:`overlong_penalty`);
 2. runs the configured estimator (by name) and trigger policy on the groups that are trained
    (all of them, or DAPO's selection), then updates the trigger (:meth:`__call__`);
-3. feeds the ACR monitor with *every* generated group (``acr/raw`` is before any intervention;
-   groups left out of training count as zero-advantage), with the same ``algorithm.tau``;
+3. feeds the ACR monitor with *every* generated group whose rewards are known (``acr/raw`` is
+   before any intervention; groups left out of training count as zero-advantage), with the same
+   ``algorithm.tau``;
 4. builds the :class:`~learner.batch.TrainBatch` of the trained groups (DAPO's overlong filter
    masks truncated responses out of the loss).
+
+Verifier faults are not collapse: a group with a sample whose verification timed out or failed
+(reason ``timeout`` or ``error``; the pool scored it r_lo, its true reward unknown) is left out
+of the estimator, the trigger and the ACR monitor, so it is neither augmented nor counted as
+collapsed, and a right answer in it is never pushed down; it stays in the batch at zero
+advantage (batch sizes unchanged) and is counted on its own: ``verifier/faulted_groups`` and
+``verifier/faulted_group_frac`` (of generated groups), beside ``reward/verifier_*_frac``. (With
+``algorithm.reward.verifier`` 0, rewards purely intrinsic, a verifier fault changes no reward.)
 
 It returns the batch and the step's ``acr/*``, ``avspo/*``, ``reward/*`` and
 ``response_length/*`` metrics. ``reward/mean`` and ``response_length/mean`` cover every generated
@@ -33,7 +42,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from diagnostics.acr import ACRMonitor, MonitorConfig, collapse_stats
+from diagnostics.acr import ACRMonitor, MonitorConfig, collapse_stats, verifier_metrics
 from learner.advantage import AdvantageResult
 from learner.batch import TrainBatch, build_batch
 from learner.config import AlgorithmConfig
@@ -54,10 +63,37 @@ def overlong_penalty(lengths: Tensor, *, max_len: int, buffer_len: int, factor: 
     return 0.0 - factor * over / buffer_len  # 0.0 - 0.0 = +0.0 (no -0.0 in the metrics)
 
 
-def informative_groups(groups: list[Group], scores: list[float], *, tau: float) -> list[bool]:
+FAULTS = ("timeout", "error")
+"""Verdict reasons of a failed verification: the sample's true reward is unknown."""
+
+
+def group_faults(groups: list[Group], verdicts: list) -> list[bool]:
+    """Which groups hold a sample whose verification failed (reason in :data:`FAULTS`).
+
+    >>> from dataclasses import dataclass
+    >>> from rollout.types import Sample
+    >>> @dataclass
+    ... class V:
+    ...     reason: str
+    >>> s = Sample([5], [0.0], "", "stop", 0)
+    >>> two, one = Group("a", [1], [s, s]), Group("b", [1], [s])
+    >>> group_faults([two, one], [V("ok"), V("timeout"), V("ok")])
+    [True, False]
+    """
+    out, start = [], 0
+    for g in groups:
+        out.append(any(v.reason in FAULTS for v in verdicts[start : start + len(g.samples)]))
+        start += len(g.samples)
+    return out
+
+
+def informative_groups(
+    groups: list[Group], scores: list[float], *, tau: float, faulted: list[bool] | None = None
+) -> list[bool]:
     """DAPO's dynamic-sampling test: which groups are *not* collapsed (their rewards' population
-    std >= ``tau`` and G > 1). ``scores``: every sample's reward, group order; groups may differ
-    in size (failed samples).
+    std >= ``tau`` and G > 1) and not ``faulted`` (:func:`group_faults`: their rewards are
+    unknown, they are not trained). ``scores``: every sample's reward, group order; groups may
+    differ in size (failed samples).
 
     >>> from rollout.types import Sample
     >>> s = Sample([5], [0.0], "", "stop", 0)
@@ -67,7 +103,9 @@ def informative_groups(groups: list[Group], scores: list[float], *, tau: float) 
     sizes = torch.tensor([len(g.samples) for g in groups])
     ids = torch.arange(len(groups)).repeat_interleave(sizes)  # [N]
     rewards = torch.tensor(scores, dtype=torch.float64)
-    return [not c for c in collapse_stats(rewards, ids, tau=tau).collapsed.tolist()]
+    collapsed = collapse_stats(rewards, ids, tau=tau).collapsed.tolist()
+    faulted = faulted or [False] * len(groups)
+    return [not (c or f) for c, f in zip(collapsed, faulted, strict=True)]
 
 
 def dapo_selection(informative: list[bool], want: int) -> list[bool]:
@@ -82,6 +120,15 @@ def dapo_selection(informative: list[bool], want: int) -> list[bool]:
     order = sorted(range(len(informative)), key=lambda i: not informative[i])  # stable
     chosen = set(order[:want])
     return [i in chosen for i in range(len(informative))]
+
+
+AVSPO_KEYS = ("avspo/triggered", "avspo/tau_adapt", "avspo/acr_trigger", "avspo/k",
+              "avspo/virtual_samples", "avspo/groups_augmented")  # fmt: skip
+"""The trigger's metrics (:meth:`AdvantageStage.__call__`): 0 in a step with no group to train."""
+
+
+def _pick(keys: list[str] | None, mask: Tensor) -> list[str] | None:
+    return None if keys is None else [k for k, m in zip(keys, mask.tolist(), strict=True) if m]
 
 
 class StageOutput(NamedTuple):
@@ -174,48 +221,67 @@ class AdvantageStage:
     ) -> StageOutput:
         """One step: every generated group and its verdicts (``.score``, ``.reason``; sample
         order) -> the train batch of the ``trained`` groups (default: all), the metrics, and
-        which of every generated group collapsed (as the ACR monitor counts them)."""
+        which of every generated group collapsed (as the ACR monitor counts them; a group with
+        a verifier fault is not counted, the module docstring says why)."""
         sizes = torch.tensor([len(g.samples) for g in groups])
         group_ids = torch.arange(len(groups)).repeat_interleave(sizes)  # [N]
         rewards, lengths, truncated = self._rewards(groups, verdicts)
         keep = torch.ones(len(groups), dtype=torch.bool)
         if trained is not None:
             keep = torch.tensor(trained, dtype=torch.bool)
-        rows = keep[group_ids]  # [N] samples that are trained
-        train_ids = torch.arange(int(keep.sum())).repeat_interleave(sizes[keep])
-        keys = (
-            None
-            if prompt_keys is None
-            else [k for k, t in zip(prompt_keys, keep.tolist(), strict=True) if t]
-        )
+        faulted = group_faults(groups, verdicts) if self.cfg.reward.verifier else []
+        known = ~torch.tensor(faulted or [False] * len(groups), dtype=torch.bool)  # [M]
+        est = keep & known  # the groups the estimator and the trigger see
+        rows = est[group_ids]  # [N]
         mean_reward = float(rewards.double().mean())  # J_t: over everything generated
-        result, metrics = self(rewards[rows], train_ids, keys, mean_reward=mean_reward)
-        advantages = torch.zeros_like(rewards)  # groups left out of training: no gradient
-        advantages[rows] = result.advantages.to(rewards.dtype)
-        metrics |= self.monitor.update(
-            rewards,
-            group_ids,
-            advantages,
-            lengths,
-            prompt_keys=prompt_keys,
-            verifier_reasons=[v.reason for v in verdicts],
-            stats=result.stats if bool(keep.all()) else None,
+        advantages = torch.zeros_like(rewards)  # groups left out: no gradient
+        result, metrics = None, dict.fromkeys(AVSPO_KEYS, 0.0)
+        if est.any():  # (none: every group of the step faulted)
+            ids = torch.arange(int(est.sum())).repeat_interleave(sizes[est])
+            result, metrics = self(rewards[rows], ids, _pick(prompt_keys, est), mean_reward)
+            advantages[rows] = result.advantages.to(rewards.dtype)
+        stats = result.stats if result is not None and bool((est == known).all()) else None
+        acr, collapsed = self._monitor(
+            rewards, advantages, lengths, sizes, known, prompt_keys, stats
         )
-        metrics |= {
-            "acr/trained": result.acr,
+        metrics |= acr
+        trained_rows = keep[group_ids]
+        metrics |= verifier_metrics([v.reason for v in verdicts]) | {
+            "verifier/faulted_groups": float((~known).sum()),
+            "verifier/faulted_group_frac": float((~known).double().mean()),
+            "acr/trained": result.acr if result is not None else 0.0,
             "reward/mean": mean_reward,
-            "reward/mean_trained": float(rewards[rows].double().mean()),
+            "reward/mean_trained": float(rewards[trained_rows].double().mean()),
             "response_length/mean": float(lengths.double().mean()),
-            "response_length/mean_trained": float(lengths[rows].double().mean()),
+            "response_length/mean_trained": float(lengths[trained_rows].double().mean()),
             "response_length/clip_ratio": float(truncated.double().mean()),
         }
         batch = build_batch(
             [g for g, k in zip(groups, keep.tolist(), strict=True) if k],
-            result.advantages,
+            advantages[trained_rows],
             pad_id=self.pad_id,
-            masked_out=truncated[rows] if self.cfg.overlong.filter else None,
+            masked_out=truncated[trained_rows] if self.cfg.overlong.filter else None,
         )
-        return StageOutput(batch, metrics, list(self.monitor.collapsed))
+        return StageOutput(batch, metrics, collapsed)
+
+    def _monitor(self, rewards, advantages, lengths, sizes, known, prompt_keys, stats):
+        """The ACR monitor's step over the ``known`` groups (no verifier fault): its metrics and
+        which of every group collapsed (a faulted group: not counted, False)."""
+        collapsed = [False] * len(known)
+        if not known.any():  # every group faulted: no ACR this step
+            return {}, collapsed
+        rows = known.repeat_interleave(sizes)  # [N]
+        metrics = self.monitor.update(
+            rewards[rows],
+            torch.arange(int(known.sum())).repeat_interleave(sizes[known]),
+            advantages[rows],
+            lengths[rows],
+            prompt_keys=_pick(prompt_keys, known),
+            stats=stats,
+        )
+        for i, c in zip(known.nonzero().flatten().tolist(), self.monitor.collapsed, strict=True):
+            collapsed[i] = c
+        return metrics, collapsed
 
     def _rewards(self, groups: list[Group], verdicts: list) -> tuple[Tensor, Tensor, Tensor]:
         """``[N]`` rewards (the verdicts' scores, with DAPO's overlong shaping when on),

@@ -28,7 +28,9 @@ def verify(
     Every item gets a wall-clock timeout. A timeout, a crashed worker, an exception inside the
     verifier or a non-finite score gives ``Verdict(lowest, "timeout" | "error")``: ``lowest`` is
     the task's lowest reward (``task.reward_range[0]``; default 0.0). A wrong or unparseable
-    answer gets the verifier's own score with reason "wrong" or "no_answer". It never raises for
+    answer gets the verifier's own score with reason "wrong" or "no_answer"; an answer that a
+    reasoning_gym scorer would evaluate and that holds what the task's answers never hold gets 0,
+    reason "refused" (reward/gym_audit.py). It never raises for
     bad model text and works from any thread. Uses the process-wide
     :func:`reward.pool.default_pool`.
     """

@@ -10,7 +10,10 @@ exception inside a verifier, or a non-finite score, gives ``Verdict(lowest, "err
 The pool never raises for bad model text, and works from any thread (it uses no signals).
 
 Workers are plain subprocesses, not ``multiprocessing`` children: those re-run the parent's
-``__main__`` (a Ray worker's, or stdin's) and inherit its threads. Messages are JSON.
+``__main__`` (a Ray worker's, or stdin's) and inherit its threads. Messages are JSON. Each worker
+runs in a sandbox (reward/sandbox.py: no network, user ``nobody`` when started as root, its own
+scratch folder as HOME and working directory, an audit hook); its first message says what is in
+force, kept in ``VerifierPool.protections`` and logged once (``python -m reward.pool`` prints it).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import atexit
 import collections
 import contextlib
 import json
+import logging
 import math
 import os
 import signal
@@ -31,8 +35,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from reward.sandbox import make_scratch, remove_scratch, sweep_scratch
 from reward.verifiers import VERIFIERS, Verdict, load_verifier_modules
 
+log = logging.getLogger(__name__)
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
 _MAX_START_FAILURES = 3  # consecutive workers dying before "ready" -> give up with an error
 
@@ -76,6 +82,7 @@ class _Worker:
     deadline: float = 0.0
     warmed: set[str] = field(default_factory=set)  # verifiers whose warm-up ran here
     warming: str | None = None  # the verifier warming up now
+    scratch: str | None = None  # its sandbox's folder (HOME, cwd), removed with it
 
 
 class VerifierPool:
@@ -88,15 +95,19 @@ class VerifierPool:
         self.replaced = 0  # workers killed or lost and replaced, over the pool's life
         self.budget_timeouts = 0  # items scored "timeout" because a call's budget ran out
         self.last_errors: list[str] = []  # exception texts of the last call's "error" items
+        self.protections: dict[str, str] = {}  # the sandbox's, as the first worker reported
         self._start_failures = 0
+        sweep_scratch()  # folders a killed pool left behind
         self._workers = [self._spawn() for _ in range(self.cfg.num_workers)]
 
     def _spawn(self) -> _Worker:
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
-        env = worker_env(os.environ)
+        scratch, uid, gid = make_scratch()
+        env = worker_env(os.environ, scratch)
         memory = str(self.cfg.memory_mb * 2**20)
         cpu = self.cfg.cpu_time_s or math.ceil(2 * self.cfg.timeout_s)
+        ids = ["-" if i is None else str(i) for i in (uid, gid)]
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -106,9 +117,12 @@ class VerifierPool:
                 str(from_worker_w),
                 memory,
                 str(cpu),
+                scratch,
+                *ids,
             ],
             pass_fds=(to_worker_r, from_worker_w),
             env=env,
+            cwd=scratch,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
         )
@@ -118,6 +132,7 @@ class VerifierPool:
             process=proc,
             inbox=Connection(from_worker_r, writable=False),
             outbox=Connection(to_worker_w, readable=False),
+            scratch=scratch,
         )
 
     @staticmethod
@@ -134,6 +149,7 @@ class VerifierPool:
             w.process.wait(timeout=2)
         w.inbox.close()
         w.outbox.close()
+        remove_scratch(w.scratch)
 
     def _replace(self, w: _Worker) -> None:
         if not w.ready:
@@ -247,8 +263,10 @@ class VerifierPool:
                     w.warming = None
                     self._replace(w)
                     continue
-                if msg == "ready":
+                if isinstance(msg, dict) and "ready" in msg:
                     w.ready, self._start_failures = True, 0
+                    if not self.protections:
+                        self._report(msg["ready"])
                     continue
                 if isinstance(msg, dict):  # {"warmed": name, "error": text}
                     w.warmed.add(msg["warmed"])
@@ -279,6 +297,18 @@ class VerifierPool:
                     f"a verifier worker did not start within {self.cfg.start_timeout_s} s"
                 )
 
+    def _report(self, protections: dict[str, str]) -> None:
+        """Keep and log (once per pool) what the workers' sandbox holds; a warning names what
+        this machine does not allow."""
+        self.protections = dict(protections)
+        off = {k: v for k, v in protections.items() if not v.startswith("in force")}
+        log.info("verifier sandbox: %s", "; ".join(f"{k} {v}" for k, v in protections.items()))
+        if off:
+            log.warning(
+                "verifier sandbox: not in force here: %s",
+                "; ".join(f"{k}: {v}" for k, v in off.items()),
+            )
+
     def _died(self, w: _Worker, lowest: float) -> Verdict:
         """The verdict of the item a worker was on when it died: a timeout if the kernel
         stopped it for CPU time (SIGXCPU), else an error."""
@@ -303,22 +333,27 @@ class VerifierPool:
 
 
 ENV_ALLOWED = (
-    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "VIRTUAL_ENV",
-    "PYTHONHASHSEED", "AVSPO_VERIFIER_MODULES",
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "PYTHONHASHSEED",
+    "AVSPO_VERIFIER_MODULES",
 )  # fmt: skip
-"""Environment variables a verifier worker gets (plus PYTHONPATH with the project first):
-model output runs there, so no key, token or password of the parent's environment does."""
+"""Environment variables a verifier worker gets (plus PYTHONPATH with the project first, and
+its scratch folder as HOME and TMPDIR): model output runs there, so no key, token or password
+of the parent's environment does, nor the user's home."""
 
 
-def worker_env(parent: Mapping[str, str]) -> dict[str, str]:
+def worker_env(parent: Mapping[str, str], scratch: str) -> dict[str, str]:
     """The allow-listed environment of a verifier worker.
 
-    >>> sorted(worker_env({"PATH": "/bin", "WANDB_API_KEY": "k", "HF_TOKEN": "t"}))
-    ['OMP_NUM_THREADS', 'PATH', 'PYTHONPATH']
+    >>> " ".join(sorted(worker_env({"PATH": "/b", "WANDB_API_KEY": "k", "HOME": "/root"}, "/s")))
+    'HOME MPLCONFIGDIR OMP_NUM_THREADS PATH PYTHONDONTWRITEBYTECODE PYTHONPATH TMPDIR'
+    >>> worker_env({"HOME": "/root"}, "/tmp/s")["HOME"]
+    '/tmp/s'
     """
     env = {k: parent[k] for k in ENV_ALLOWED if k in parent}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, parent.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"  # a verifier is single-threaded; CPU time is per process
+    env["HOME"] = env["TMPDIR"] = env["MPLCONFIGDIR"] = scratch  # reasoning_gym loads matplotlib
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no .pyc writes outside the scratch folder
     return env
 
 
@@ -336,3 +371,16 @@ def default_pool() -> VerifierPool:
             _DEFAULT = VerifierPool(PoolConfig(num_workers=workers))
             atexit.register(_DEFAULT.close)
         return _DEFAULT
+
+
+def _main() -> None:
+    """``python -m reward.pool``: start one verifier worker and print what its sandbox holds
+    (exit 1 when a protection is not in force here)."""
+    with VerifierPool(PoolConfig(num_workers=1)) as pool:
+        pool.verify(["1+1=2"], ["2"], verifier="numeric")
+        print(json.dumps(pool.protections, indent=2))
+    sys.exit(0 if all(v.startswith("in force") for v in pool.protections.values()) else 1)
+
+
+if __name__ == "__main__":
+    _main()

@@ -128,6 +128,8 @@ class TaskConfig:
     and counted (filter: ``data/over_long_prompts``, a line in the log) or the run refused
     (error). A split left with no prompt is refused either way."""
     gym_dataset: str = "basic_arithmetic"
+    """A reasoning_gym dataset whose scorer was audited (reward/gym_audit.py: scorers that evaluate
+    the answer get a pre-check; ``composite`` and ``game_of_life_halting`` are refused)."""
     gym_config: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> str | None:
@@ -144,6 +146,12 @@ class TaskConfig:
             return "prompt_template must contain {question}"
         if self.options_key is not None and self.answer_format != "letter":
             return "options_key lists lettered options: set answer_format to letter"
+        if self.name == "reasoning_gym":
+            from reward.gym_audit import dataset_problem
+
+            problem = dataset_problem(self.gym_dataset)
+            if problem:
+                return f"gym_dataset: {problem}"
         verifier = "reasoning_gym" if self.name == "reasoning_gym" else self.verifier
         if self.answer_extraction != "auto" and verifier + "_boxed" not in VERIFIERS:
             return f"answer_extraction={self.answer_extraction}: verifier {verifier!r} has none"

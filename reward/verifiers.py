@@ -8,7 +8,9 @@ processes of ``reward/pool.py``; called directly they have no time limit.
   sympy's ``parse_expr``, which evaluates Python, so it is never given model text), with its own
   signal-based timeouts disabled (they fail outside the main thread; the pool enforces time).
 - ``reasoning_gym``: the reference is a JSON entry ``{"dataset": name, "entry": {...}}`` and the
-  dataset's own ``score_answer`` scores the extracted answer (partial credit allowed).
+  dataset's own ``score_answer`` scores the extracted answer (partial credit allowed). Some of
+  those scorers evaluate the answer (``eval``, sympy's ``parse_expr``): their answers pass a
+  pre-check first (reward/gym_audit.py), and one that fails it scores 0, reason ``refused``.
 - ``choice`` (multiple choice, MMLU-Pro): the option letter the response chose
   (:func:`reward.extract.extract_choice`: "The answer is (C)", "Answer: C", ``\boxed{C}``, the
   last one wins) against the reference letter A-J.
@@ -18,8 +20,9 @@ Each has a boxed-only variant, ``<name>_boxed`` (``math_boxed``, ``numeric_boxed
 ``\boxed{...}`` (``task.answer_extraction: boxed``; :func:`verifier_name` gives the name). The
 reference side is the same in both.
 
-Reasons: ``ok`` (score > 0), ``wrong``, ``no_answer`` (nothing extractable), and, from the pool,
-``timeout`` and ``error``.
+Reasons: ``ok`` (score > 0), ``wrong``, ``no_answer`` (nothing extractable), ``refused`` (an
+answer a reasoning_gym scorer would evaluate, holding what that task's answers never hold), and,
+from the pool, ``timeout`` and ``error``.
 
 >>> verify_numeric("12+7=19", "19"), verify_numeric("so 20", "19").reason
 (Verdict(score=1.0, reason='ok'), 'wrong')
@@ -54,7 +57,7 @@ from reward.extract import (
 if TYPE_CHECKING:
     from rollout.types import Group
 
-REASONS = ("ok", "wrong", "no_answer", "timeout", "error")
+REASONS = ("ok", "wrong", "no_answer", "refused", "timeout", "error")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Verdict:
 OK = Verdict(1.0, "ok")
 WRONG = Verdict(0.0, "wrong")
 NO_ANSWER = Verdict(0.0, "no_answer")
+REFUSED = Verdict(0.0, "refused")
 
 
 def reference_answer(reference: str) -> str:
@@ -127,16 +131,27 @@ def verify_math(response: str, reference: str, *, extract: Extract = extract_ans
     return OK if verify(gold, pred, timeout_seconds=None) else WRONG
 
 
+@functools.cache
+def _gym_scorer(dataset: str) -> Callable[[str, dict], float]:
+    """A dataset's ``score_answer``, built once per process (building one reads its data:
+    arc_agi's took 0.5-0.9 s of every item)."""
+    import reasoning_gym
+
+    return reasoning_gym.get_score_answer_fn(dataset)
+
+
 def verify_reasoning_gym(
     response: str, reference: str, *, extract: Extract = extract_answer
 ) -> Verdict:
-    import reasoning_gym
+    from reward.gym_audit import admits
 
     ref = json.loads(reference)
     answer = extract(response)
     if answer is None:
         return NO_ANSWER
-    score = float(reasoning_gym.get_score_answer_fn(ref["dataset"])(answer, ref["entry"]))
+    if not admits(ref["dataset"], answer, ref["entry"]):
+        return REFUSED
+    score = float(_gym_scorer(ref["dataset"])(answer, ref["entry"]))
     return Verdict(score, "ok") if score > 0 else WRONG
 
 

@@ -212,3 +212,23 @@ def fake_stages(cfg, problems, rollout, verify, *, learner=None, sampler=None, r
         weights=NoWeightSync(),
         placement={},
     )
+
+
+def pool_loading(modules: str, cfg):
+    """A verifier pool (reward/pool.py) whose workers load the verifier ``modules``
+    (``AVSPO_VERIFIER_MODULES``, restored after): a context manager for module-scoped
+    fixtures (pytest's ``monkeypatch`` is per test)."""
+    import contextlib
+
+    import pytest
+
+    from reward.pool import VerifierPool
+
+    @contextlib.contextmanager
+    def running():
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("AVSPO_VERIFIER_MODULES", modules)
+            with VerifierPool(cfg) as pool:
+                yield pool
+
+    return running()

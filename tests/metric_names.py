@@ -48,6 +48,8 @@ STEP_KEYS = SECTION5 | {
     "rollout/is_weight_mean",
     "rollout/is_clipped_frac",
     "rollout/mixed_token_share",
+    "verifier/faulted_groups",
+    "verifier/faulted_group_frac",
     "timing_s/advantage",
     "timing_s/generate",
     "timing_s/verify",

@@ -13,21 +13,16 @@ from reward import verify
 from reward.actor import VerifierActor
 from reward.pool import PoolConfig, VerifierPool
 from reward.verifiers import Verdict
+from tests.helpers import pool_loading
 
 MARGIN_S = 1.0  # allowed past an item's timeout: kill + bookkeeping on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
 def pool():
-    old = os.environ.get("AVSPO_VERIFIER_MODULES")
-    os.environ["AVSPO_VERIFIER_MODULES"] = "tests.reward.fault_verifiers"
-    p = VerifierPool(PoolConfig(num_workers=2, timeout_s=1.0, memory_mb=768))
-    yield p
-    p.close()
-    if old is None:
-        os.environ.pop("AVSPO_VERIFIER_MODULES")
-    else:
-        os.environ["AVSPO_VERIFIER_MODULES"] = old
+    cfg = PoolConfig(num_workers=2, timeout_s=1.0, memory_mb=768)
+    with pool_loading("tests.reward.fault_verifiers", cfg) as p:
+        yield p
 
 
 def test_results_in_order_across_workers(pool):
@@ -260,14 +255,14 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path):
     import subprocess
     import sys
 
-    busy = [str(tmp_path / f"busy{i}") for i in range(2)]  # each worker creates one, then sleeps
+    # each worker creates "busy" in its scratch folder (its working directory), then sleeps
     code = (
         "import os, threading, time\n"
         "from reward.pool import PoolConfig, VerifierPool\n"
         "p = VerifierPool(PoolConfig(num_workers=2, step_budget_s=None))\n"
         "p.verify(['1+1=2'], ['2'], verifier='numeric')\n"
-        f"busy = {busy!r}\n"
-        "args = (['30', '30'], busy)\n"
+        "busy = [os.path.join(w.scratch, 'busy') for w in p._workers]\n"
+        "args = (['30', '30'], ['busy', 'busy'])\n"
         "kw = dict(verifier='_test_sleep', timeout_s=60)\n"
         "threading.Thread(target=p.verify, args=args, kwargs=kw, daemon=True).start()\n"
         "while not all(os.path.exists(b) for b in busy):\n"

@@ -504,6 +504,9 @@ def _preset_leaves(path):
     def walk(n, at):
         if OmegaConf.is_dict(n):
             for k in n:
+                if OmegaConf.is_missing(n, k):  # ??? (model=pretrained's model.path)
+                    yield f"{at}{k}", "???"
+                    continue
                 yield from walk(n[k], f"{at}{k}.")
         else:
             yield at[:-1], OmegaConf.to_container(n) if OmegaConf.is_config(n) else n
