@@ -214,6 +214,20 @@ def test_tensor_parallel_engines_stay_within_one_node():
 
 
 @pytest.mark.slow
+def test_multi_node_packs_learner_ranks_on_the_fewest_nodes_in_rank_order():
+    """multi_node: ZeRO-3 gathers and reduces every layer across the learner ranks, so they
+    sit on as few nodes as their GPUs fill (8 ranks x 1 GPU: one 8-GPU node), each node's ranks
+    consecutive (NVLink inside a node, one hop between). SPREAD scattered them over all three
+    nodes, interleaved (ranks 0, 3, 4, 7 on one node): ZeRO-3 over the network for nothing."""
+    nodes = nodes_of("multi_node", "learner")
+    assert len(set(nodes)) == math.ceil(len(nodes) / GPUS_PER_NODE)
+    assert [n for i, n in enumerate(nodes) if i == 0 or nodes[i - 1] != n] == list(
+        dict.fromkeys(nodes)
+    )  # a node's ranks form one run
+    assert len(set(nodes_of("multi_node", "rollout"))) == 2  # 8 engines x 2 GPUs fill two
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_rendezvous_is_the_node_address_with_listen_node(preset):
     """cluster.listen=node: learner rank 0 offers its node's address (what ranks and engines on
