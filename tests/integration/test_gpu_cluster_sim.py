@@ -103,15 +103,16 @@ PRESETS = {
 
 
 def main() -> None:
-    """Every preset on one simulated cluster (started once: ~10 s a node on 2 shared cores),
-    grown to the nodes each needs; prints ``{preset: simulate(...)}`` as JSON."""
+    """Every preset on one simulated cluster (started once, grown to the nodes each needs);
+    prints ``{preset: simulate(...)}`` as JSON."""
     import ray
     from ray.cluster_utils import Cluster
 
     from launch.cluster import _listen
 
     configs = {name: load(*overrides) for name, (overrides, _) in PRESETS.items()}
-    _listen("node")  # as init_ray does for cluster.listen=node before a local Ray starts
+    (listen,) = {cfg.cluster.listen for cfg in configs.values()}
+    _listen(listen)  # as init_ray does before a local Ray starts
     quiet = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
     node = {"num_cpus": CPUS_PER_NODE, "num_gpus": GPUS_PER_NODE, "object_store_memory": 80 << 20}
     cluster = Cluster(
@@ -134,8 +135,9 @@ def main() -> None:
 
 @functools.cache
 def simulated() -> dict:
-    """The simulation, run once in a subprocess (its own Ray, a clean environment)."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    """The simulation, run once in a subprocess (its own Ray, a clean environment: on a GPU
+    machine the real devices' ``CUDA_VISIBLE_DEVICES`` would limit the declared ones)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run(
         [sys.executable, "-m", "tests.integration.test_gpu_cluster_sim"],
@@ -198,8 +200,8 @@ def test_split_layouts_give_engines_and_ranks_different_gpus(preset):
 @pytest.mark.slow
 def test_split_node_packs_each_stage_on_one_node():
     """gpu_node_split: STRICT_PACK holds the 4 engines on one node and the 4 ranks on one node
-    (each placement group is packed on its own: on a cluster of several nodes the two groups
-    need not share a node, the two stages may land on two nodes)."""
+    (each placement group is packed on its own: on a cluster of several nodes the engines and
+    the ranks may land on two different nodes, as one simulation here did)."""
     assert len(set(nodes_of("gpu_node_split", "rollout"))) == 1
     assert len(set(nodes_of("gpu_node_split", "learner"))) == 1
 
@@ -210,7 +212,7 @@ def test_tensor_parallel_engines_stay_within_one_node():
     TP workers, started beside it) sees both; 8 engines x 2 GPUs over the nodes."""
     got = simulated()["multi_node"]
     assert all(len(p["gpu_ids"]) == 2 for p in got["rollout"])
-    assert len(set(places("multi_node", "rollout"))) == 8 * 2
+    assert len(set(places("multi_node", "rollout"))) == 8 * 2  # 8 engines x TP 2, none shared
 
 
 @pytest.mark.slow
@@ -231,7 +233,8 @@ def test_multi_node_packs_learner_ranks_on_the_fewest_nodes_in_rank_order():
 @pytest.mark.parametrize("preset", PRESETS)
 def test_rendezvous_is_the_node_address_with_listen_node(preset):
     """cluster.listen=node: learner rank 0 offers its node's address (what ranks and engines on
-    other nodes can reach), not loopback."""
+    other nodes can reach), not loopback. (The simulated nodes share this machine's address:
+    that it is rank 0's node's is checked, not that it differs from the others'.)"""
     got = simulated()[preset]
     host, port = got["rendezvous"]
     assert host == got["node_ips"][got["learner"][0]["node"]]
