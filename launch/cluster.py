@@ -133,7 +133,16 @@ def init_ray(cfg: TrainConfig) -> None:
     # +2: the driver's own remote calls and Ray's helpers never wait for a free logical CPU
     # (docs/NOTES.md: a task waiting while actors hold every CPU waits forever).
     num_cpus = cfg.cluster.num_cpus or max(4, int(need + 2.999))
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=logs, runtime_env=env)
+    # address="local": a Ray of its own even where `ray start` left a cluster on this machine
+    # (with no address, ray.init joins the one /tmp/ray/ray_current_cluster names, and then
+    # refuses num_cpus: a test's `ray start --head` broke every run beside it)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=logs,
+        runtime_env=env,
+    )
     if cfg.cluster.listen == "loopback":  # rests on a private Ray switch (LOOPBACK_ENV): checked
         problem = beyond_loopback(ray_addresses())
         if problem:

@@ -131,6 +131,7 @@ def ray_cluster() -> str:
     # (measured here; the tests' actors get processes of their own, and the runs that join
     # are other jobs, which cannot use this driver's workers).
     ray.init(
+        address="local",  # its own, even while a test's `ray start --head` runs beside it
         num_cpus=8,
         include_dashboard=False,
         log_to_driver=False,

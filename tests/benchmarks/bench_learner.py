@@ -88,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-100m", action="store_true")
     args = parser.parse_args()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     models = [("tiny 3.4M", ensure_model(ModelConfig()), 32)]
     tmp = tempfile.mkdtemp()
     if not args.skip_100m:

@@ -75,7 +75,7 @@ def main() -> None:
     sd = hf.model.state_dict()
     del vllm, hf
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     print("2. weight sync through the Ray object store")
     group = RolloutGroup(RolloutConfig(engine="vllm", num_workers=1, max_model_len=64), path)
     big = {f"w{i}": torch.randn(1024, 1024) for i in range(25)}  # 25 x 4 MiB = 100 MiB fp32

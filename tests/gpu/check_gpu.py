@@ -113,7 +113,7 @@ def unit_checks(path: str) -> bool:
     from rollout.weight_sync import WeightSync
     from rollout.worker import RolloutGroup
 
-    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=True)
+    ray.init(address="local", num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=True)
     ok = True
     total = torch.cuda.mem_get_info()[1]
     rollout = RolloutGroup(

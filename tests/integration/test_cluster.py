@@ -4,6 +4,9 @@ stage."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import ray
 
@@ -232,3 +235,40 @@ def test_the_loopback_check_reads_what_ray_reports(listen):
         assert "problem: None" in out.stdout, out.stdout
     else:
         assert "problem: Ray reports " in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+def test_a_local_run_starts_its_own_ray_beside_another_clusters_address_file():
+    """With no address, ray.init joins the cluster named in <temp>/ray/ray_current_cluster (a
+    `ray start` head or ray.cluster_utils writes it: tests/integration/test_gpu_cluster_sim.py
+    does), and then refuses num_cpus ("When connecting to an existing cluster, num_cpus and
+    num_gpus must not be provided"): every local run beside such a cluster failed. init_ray
+    starts a Ray of its own (address="local"). The file is faked in a temp dir of its own."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths have a limit
+    try:
+        Path(temp, "ray").mkdir()
+        Path(temp, "ray", "ray_current_cluster").write_text("127.0.0.1:1")  # nobody there
+        code = (
+            "import ray\n"
+            "from launch.cluster import init_ray\n"
+            "from tests.helpers import load\n"
+            "init_ray(load('learner.num_ranks=1'))\n"
+            "print('gcs:', ray.get_runtime_context().gcs_address)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env={**os.environ, "TMPDIR": temp, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "gcs: " in out.stdout and "127.0.0.1:1\n" not in out.stdout
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

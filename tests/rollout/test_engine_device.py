@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     from rollout.config import RolloutConfig
     from rollout.worker import RolloutGroup
 
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env={
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env={
         "worker_process_setup_hook": "tests.rollout.test_engine_device.cuda_everywhere"})
     for gpus in (0.0, 1.0):
         cfg = RolloutConfig(engine="hf", num_workers=1, num_gpus_per_worker=gpus,
