@@ -123,7 +123,7 @@ def dapo_selection(informative: list[bool], want: int) -> list[bool]:
 
 
 AVSPO_KEYS = ("avspo/triggered", "avspo/tau_adapt", "avspo/acr_trigger", "avspo/k",
-              "avspo/virtual_samples", "avspo/groups_augmented")  # fmt: skip
+              "avspo/virtual_samples", "avspo/augmented_groups")  # fmt: skip
 """The trigger's metrics (:meth:`AdvantageStage.__call__`): 0 in a step with no group to train."""
 
 

@@ -229,6 +229,22 @@ def chat_messages(raw: Any, key: str) -> tuple[tuple[tuple[str, str], ...], ...]
     return tuple((("role", m["role"]), ("content", m["content"])) for m in raw)
 
 
+def _question_of(raw: Any, cfg: TaskConfig, where: str) -> tuple[str, Any]:
+    """(the question's text, its chat messages or None) of a question cell: text, or verl's
+    chat messages (the text is the last user turn's); anything else a DataError at ``where``."""
+    messages = None
+    try:
+        if isinstance(raw, list | tuple | dict):  # verl's chat messages, or refused
+            messages = chat_messages(raw, cfg.question_key)
+            raw = [dict(m) for m in messages if dict(m)["role"] == "user"][-1]["content"]
+    except ValueError as err:
+        raise DataError(f"{where}: {err}") from None
+    question = str(raw).strip()
+    if not question:
+        raise DataError(f"{where}: empty {cfg.question_key!r}")
+    return question, messages
+
+
 def _answer_of(raw: Any, fmt: str, key: str) -> str:
     if isinstance(raw, dict | list | tuple) and fmt != "list_first":
         raise ValueError(f"{key!r} holds a {type(raw).__name__}, not text (a field inside a "
@@ -291,16 +307,7 @@ def load_problems(
             for key in (cfg.question_key, cfg.answer_key):
                 if cell(row, key) is None:
                     raise DataError(f"{path}: row {i}: missing column {key!r}")
-            raw, messages = cell(row, cfg.question_key), None
-            try:
-                if isinstance(raw, list | tuple | dict):  # verl's chat messages, or refused
-                    messages = chat_messages(raw, cfg.question_key)
-                    raw = [dict(m) for m in messages if dict(m)["role"] == "user"][-1]["content"]
-            except ValueError as err:
-                raise DataError(f"{path}: row {i}: {err}") from None
-            question = str(raw).strip()
-            if not question:
-                raise DataError(f"{path}: row {i}: empty {cfg.question_key!r}")
+            question, messages = _question_of(cell(row, cfg.question_key), cfg, f"{path}: row {i}")
             try:
                 answer = _answer_of(cell(row, cfg.answer_key), cfg.answer_format, cfg.answer_key)
                 if cfg.options_key is not None:

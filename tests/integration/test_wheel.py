@@ -140,7 +140,7 @@ def test_the_wheel_ships_every_module_preset_and_script(installed):
     assert not want - names, f"not in the wheel: {sorted(want - names)}"
     assert not {n for n in names if n.startswith(("tests/", "docs/", "docker/"))}
     for script in SCRIPTS:  # avspo-train enters through cli (--validate, then Hydra's main)
-        entry = "cli" if script == "avspo-train" else "main"
+        entry = "cli" if script in ("avspo-train", "avspo-evaluate") else "main"
         assert f"{script} = launch.{script.removeprefix('avspo-')}:{entry}" in scripts
 
 

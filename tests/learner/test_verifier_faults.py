@@ -39,7 +39,7 @@ def test_a_group_of_timeouts_is_not_pushed_down_nor_counted_collapsed(cfg):
     assert collapsed == [False, False, True]  # g2 only: g0's collapse is unknown
     # ACR over the groups whose rewards are known: g2 of {g1, g2}
     assert m["acr/raw"] == 0.5 and m["acr/low"] == 0.5
-    assert m["avspo/groups_augmented"] == 1.0  # g2, never g0
+    assert m["avspo/augmented_groups"] == 1.0  # g2, never g0
     assert m["verifier/faulted_groups"] == 1.0 and m["verifier/faulted_group_frac"] == 1 / 3
     assert m["reward/verifier_timeout_frac"] == 4 / 12  # over every sample, as before
     assert len(batch) == 12  # g0 stays in the batch at zero advantage: batch sizes unchanged
@@ -60,7 +60,7 @@ def test_one_timeout_faults_its_group_and_a_right_response_there_is_never_pushed
         assert all(batch.advantages[i] >= 0 for i in right)
         assert batch.advantages.abs().sum() == 0  # both groups faulted
         assert collapsed == [False, False] and m["verifier/faulted_groups"] == 2.0
-        assert m["avspo/groups_augmented"] == 0.0
+        assert m["avspo/augmented_groups"] == 0.0
 
 
 def test_faults_per_group_and_dapo_never_selects_a_faulted_group():
