@@ -24,7 +24,9 @@ only ``sympify`` is of its NUMBER tokens, digits; never math-verify's expression
 which is ``parse_expr``). tests/reward/test_gym_safety.py checks all of them with an audit hook:
 no text holding a payload is ever compiled.
 
-A dataset a later reasoning_gym adds is neither safe nor guarded: refused until read.
+A dataset a later reasoning_gym adds is neither safe nor guarded: refused until read, and so is
+every dataset while another version than :data:`AUDITED_VERSION` is installed (its scorers may
+evaluate answers where these did not).
 """
 
 from __future__ import annotations
@@ -126,8 +128,25 @@ SAFE = _words(
 )
 
 
+def installed_version() -> str | None:
+    """The installed reasoning_gym's version (None when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("reasoning-gym")
+    except PackageNotFoundError:
+        return None
+
+
 def dataset_problem(name: str) -> str | None:
     """Why ``task.gym_dataset=name`` cannot be used, or None."""
+    installed = installed_version()
+    if installed is not None and installed != AUDITED_VERSION:
+        return (
+            f"reasoning_gym {installed} is installed; its scorers were audited at "
+            f"{AUDITED_VERSION} (reward/gym_audit.py): install reasoning-gym=={AUDITED_VERSION} "
+            "or read the new scorers and update the lists"
+        )
     if name in REFUSED:
         return f"{name!r} is refused: {REFUSED[name]}"
     if name not in SAFE and name not in GUARDED:

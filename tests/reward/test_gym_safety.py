@@ -96,6 +96,20 @@ def test_unaudited_or_refused_datasets_fail_validation(dataset, message):
         validate(TaskConfig(name="reasoning_gym", gym_dataset=dataset), "task")
 
 
+def test_an_unaudited_reasoning_gym_version_fails_validation(monkeypatch):
+    """The audit read the scorers of one version: another may evaluate answers where this one
+    did not, so every dataset is refused until the list is re-read."""
+    from launch.config import ConfigError, validate
+    from reward import gym_audit
+    from reward.tasks import TaskConfig
+
+    task = TaskConfig(name="reasoning_gym", gym_dataset="basic_arithmetic")
+    validate(task, "task")  # the pinned version passes
+    monkeypatch.setattr(gym_audit, "installed_version", lambda: "0.2.0")
+    with pytest.raises(ConfigError, match=r"reasoning_gym 0\.2\.0 .*audited at 0\.1\.25"):
+        validate(task, "task")
+
+
 @pytest.mark.parametrize("name", EVALUATING)
 def test_right_answers_pass_the_pre_check(name):
     """The pre-check admits every form the task's own answers take: 40 entries' reference
