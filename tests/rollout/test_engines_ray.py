@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,6 +106,11 @@ def test_weight_sync_object_store_matches_pushed_weights(group, reference_model,
     assert new.lm_head.weight.data_ptr() == new.model.embed_tokens.weight.data_ptr()
     g.load_weights([ray.put(new.state_dict())], version=1)  # a state dict as one bucket
     assert g.policy_versions() == [1, 1]
+    if engine == "vllm":  # through a file in /dev/shm (comm/weight_file.py), removed once loaded
+        loads = ray.get([w.last_weight_load.remote() for w in g.workers])
+        nbytes = sum(t.numel() * t.element_size() for t in new.state_dict().values())
+        assert [(x["folder"], x["bytes"]) for x in loads] == [("/dev/shm", nbytes)] * 2
+        assert not list(Path("/dev/shm").glob("avspo-weights-*"))
     prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]  # "<s>61-27=" -> "34</s>"
     expected = _forward_logprobs(new, prompt_ids, response_ids)
     old = _forward_logprobs(reference_model, prompt_ids, response_ids)
