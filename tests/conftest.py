@@ -1,4 +1,4 @@
-"""Shared fixtures: a small tiny model built once per session, and a local Ray cluster."""
+"""Shared fixtures: a small tiny model built once per pytest run, and a local Ray cluster."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 # 54 s sleeping, against 32 s for one alone either way (measured). Results do not change.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Ray's dashboard agent samples every worker's process stats every 5 s for metrics no test
-# reads: once a minute instead (the session's Ray and the runs' own inherit it). An idle Ray's
+# reads: once a minute instead (the test run's Ray and the runs' own inherit it). An idle Ray's
 # daemons went from 2.6 to 1.8 core-s a minute (the agent 0.55 -> 0.28; measured here).
 os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
 # Ray's log monitor globs the logs folder on every 0.1 s poll while it holds fewer than 1,000
@@ -30,7 +30,7 @@ from launch.bootstrap import ModelConfig, ensure_model  # noqa: E402
 from launch.tiny_model import FAST_TINY, tiny_overrides  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-# the datasets library's cache (local task files are converted into it): the session's own,
+# the datasets library's cache (local task files are converted into it): the test run's own,
 # not the home folder's (set before anything imports datasets; runs started by tests inherit it)
 DATASETS_CACHE = os.environ.setdefault(
     "HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="avspo-test-datasets-")
@@ -88,8 +88,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Runs of ``tests/e2e/runs.py start_train`` still going when the session ends (Ctrl-C,
-    ``-x``) are killed with their process groups; the session's datasets cache is removed."""
+    """Runs of ``tests/e2e/runs.py start_train`` still going when the pytest run ends (Ctrl-C,
+    ``-x``) are killed with their process groups; the test run's datasets cache is removed."""
     import shutil
     import signal
 
@@ -111,7 +111,7 @@ def tiny_model_dir() -> str:
 
 @pytest.fixture(scope="session")
 def smollm2_cache(tmp_path_factory) -> str:
-    """The model cache holding SmolLM2-135M-Instruct, converted offline once per test session
+    """The model cache holding SmolLM2-135M-Instruct, converted offline once per pytest run
     (~40 s, 538 MB) and shared by the pytest-xdist workers like :func:`tiny_model_dir`'s: the
     conversion test and the smollm2_cpu run use one folder instead of converting twice."""
     base = tmp_path_factory.getbasetemp()
@@ -127,7 +127,7 @@ def ray_cluster() -> str:
     end-to-end runs that join it (:func:`joined_ray`)."""
     import ray
 
-    # No prestarted workers: each would idle at ~0.65 core-s a minute for the whole session
+    # No prestarted workers: each would idle at ~0.65 core-s a minute for the whole test run
     # (measured here; the tests' actors get processes of their own, and the runs that join
     # are other jobs, which cannot use this driver's workers).
     ray.init(
@@ -144,7 +144,7 @@ def ray_cluster() -> str:
 
 @pytest.fixture(scope="session")
 def joined_ray(ray_cluster) -> list[str]:
-    """Overrides that make a ``launch.train`` run join the session's Ray instead of starting
+    """Overrides that make a ``launch.train`` run join the test run's Ray instead of starting
     its own (as a run on a cluster does, ``cluster.address``): ~14 of a short run's ~49
     core-seconds are Ray's own start and stop (docs/NOTES.md). For runs that test nothing of
     Ray's start, its stop or what is left after them; the thread plan is the same either way

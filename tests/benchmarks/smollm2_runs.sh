@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The two SmolLM2 runs of docs/RESULTS.md (GRPO, then AVSPO), one after the other, each resuming
-# from its latest checkpoint if a previous session was cut off. Run from the repository root:
+# from its latest checkpoint if a previous invocation was cut off. Run from the repository root:
 #   nohup tests/benchmarks/smollm2_runs.sh > runs/smollm2_runs.log 2>&1 &
 # Then: .venv/bin/python -m launch.analyze runs/smol_grpo runs/smol_avspo
 set -euo pipefail

@@ -1,5 +1,5 @@
-"""Running ``launch.train`` from the end-to-end tests: the command, a run in its own session,
-its metrics rows, and what is left of it."""
+"""Running ``launch.train`` from the end-to-end tests: the command, a run with its own sid
+(``setsid``), its metrics rows, and what is left of it."""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ def train_cmd(run_dir: Path, *overrides: str) -> list[str]:
     ]
 
 
-TIMED_OUT: list[str] = []  # runs of this session that hit the limit
+TIMED_OUT: list[str] = []  # runs of this pytest run that hit the limit
 
 
 def run_train(run_dir: Path, *overrides: str, env: dict | None = None) -> str:
-    """``launch.train`` in a subprocess (900 s at most). After one run of the session timed out,
+    """``launch.train`` in a subprocess (900 s at most). After one run of this pytest run timed out,
     the next fail at once: a machine that slow would take the CI past its own limit, and then no
     failure is reported at all."""
     if TIMED_OUT:
@@ -74,12 +74,12 @@ def deterministic(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/"))}
 
 
-STARTED: list[subprocess.Popen] = []  # start_train's runs: stopped at session end if still going
+STARTED: list[subprocess.Popen] = []  # start_train's runs: stopped at the end if still going
 
 
 def start_train(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """A training run in its own session (its processes are findable and killable; one still
-    going when the pytest session ends, e.g. on Ctrl-C, is killed: tests/conftest.py)."""
+    """A training run with its own sid (``setsid``: its processes are findable and killable;
+    one still going when the pytest run ends, e.g. on Ctrl-C, is killed: tests/conftest.py)."""
     proc = subprocess.Popen(
         train_cmd(run_dir, *overrides),
         cwd=ROOT,
@@ -106,8 +106,9 @@ def wait_for_row(
         time.sleep(0.05)
 
 
-def session_processes(sid: int) -> list[str]:
-    """Live processes of session ``sid`` (a run started with start_new_session=True)."""
+def sid_processes(sid: int) -> list[str]:
+    """Live processes whose sid (``os.getsid``) is ``sid`` (a run started with
+    ``start_new_session=True``)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -124,12 +125,12 @@ def session_processes(sid: int) -> list[str]:
 
 
 def processes_left(sid: int, within_s: float = 30.0) -> list[str]:
-    """The processes of session ``sid`` still alive after waiting up to ``within_s`` for them
+    """The processes with sid ``sid`` still alive after waiting up to ``within_s`` for them
     to exit (Ray's daemons exit within moments of ray.shutdown())."""
     deadline = time.monotonic() + within_s
-    while session_processes(sid) and time.monotonic() < deadline:
+    while sid_processes(sid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return session_processes(sid)
+    return sid_processes(sid)
 
 
 def listening() -> set[tuple[str, int, str]]:
@@ -158,8 +159,9 @@ def is_loopback(address: str) -> bool:
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-def socket_sessions() -> dict[str, int]:
-    """Socket inode -> the session id of a process holding it (/proc/*/fd: ``socket:[inode]``)."""
+def socket_sids() -> dict[str, int]:
+    """Socket inode -> the sid (``os.getsid``) of a process holding it (/proc/*/fd:
+    ``socket:[inode]``)."""
     found = {}
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         try:
@@ -179,7 +181,7 @@ def socket_sessions() -> dict[str, int]:
 
 def watch_listening(proc: subprocess.Popen, before: set, deadline: float):
     """The listening sockets that appeared (beyond ``before``) while ``proc`` ran and that a
-    process of its session (``start_new_session``: the driver, Ray, the actors) held, and its
+    process with its sid (``start_new_session``: the driver, Ray, the actors) held, and its
     stdout and stderr (read meanwhile: a full pipe would stall the run). Sockets of any other
     process on the machine are not counted."""
     import threading
@@ -196,8 +198,8 @@ def watch_listening(proc: subprocess.Popen, before: set, deadline: float):
     while proc.poll() is None and time.monotonic() < deadline:
         new = listening() - checked
         if new:
-            sessions = socket_sessions()
-            seen |= {s for s in new if sessions.get(s[2]) == proc.pid}
+            owners = socket_sids()
+            seen |= {s for s in new if owners.get(s[2]) == proc.pid}
             checked |= new
         time.sleep(0.2)
     proc.wait(timeout=60)

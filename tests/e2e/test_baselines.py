@@ -1,5 +1,5 @@
 """The paper's other baselines end to end with real actors (hf engine, verifier pool, one DeepSpeed
-rank), 3 steps each, on the session's tiny model: their metrics are there and finite and their
+rank), 3 steps each, on the test run's tiny model: their metrics are there and finite and their
 own state reaches the checkpoint. One rank: what these runs test is the algorithm's wiring, which
 the driver and its stages carry; two ranks are tested by the default run, the fault tests and the
 learner tests (a rank is ~8 core-s to start)."""
@@ -55,7 +55,7 @@ def test_dcpo_three_steps_keeps_per_prompt_history_in_the_checkpoint(
     # every group of steps 2-4 standardised against its prompt's earlier visits
     assert [got[s]["dcpo/history_groups"] for s in (1, 2, 3, 4)] == [0.0, 8.0, 8.0, 8.0]
     # ... and that history rescued a collapsed group somewhere (issue 24: it never ran before;
-    # deterministic on the pinned session model: seeded hf engine on CPU)
+    # deterministic on the pinned FAST_TINY: seeded hf engine on CPU)
     assert any(got[s]["acr/effective"] < got[s]["acr/raw"] for s in (2, 3, 4)), got
     last = checkpoint.checkpoints(run_dir / "checkpoints")[-1]
     history = checkpoint.read_state(last)["advantage_stage"]["prompt_history"]

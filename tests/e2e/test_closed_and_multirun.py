@@ -19,7 +19,7 @@ from tests.e2e.runs import (
     listening,
     processes_left,
     rows,
-    socket_sessions,
+    socket_sids,
     watch_listening,
 )
 
@@ -36,7 +36,7 @@ def test_the_socket_reader_decodes_the_kernels_format():
         s.listen(1)
         port = s.getsockname()[1]
         [inode] = [i for a, p, i in listening() if (a, p) == ("127.0.0.1", port)]
-        assert socket_sessions()[inode] == os.getsid(0)  # ours: attributed to our session
+        assert socket_sids()[inode] == os.getsid(0)  # ours: attributed to our sid
 
 
 @pytest.mark.slow
@@ -83,7 +83,7 @@ def test_grpo_and_avspo_as_a_two_job_multirun_on_the_same_rewards(tmp_path, tiny
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # its session id is its pid: what is left of it is findable
+        start_new_session=True,  # its sid is its pid: what is left of it is findable
     )  # fmt: skip
     seen, out, err = watch_listening(proc, before, time.monotonic() + 1200)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]

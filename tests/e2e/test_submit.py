@@ -1,8 +1,8 @@
 """``python -m launch.submit`` against a real Ray head started here (loopback only): a 2-step
 run as a Ray job, bad input refused before anything is submitted, no secret in the job.
 
-The head is ``ray start --head --block`` in its own session, ended by signalling the processes it
-started (never ``ray stop``, which would also stop the session's own ``ray.init`` cluster)."""
+The head is ``ray start --head --block`` with its own sid, ended by signalling the processes it
+started (never ``ray stop``, which would also stop the test run's own ``ray.init`` cluster)."""
 
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ def test_two_step_run_as_ray_job(ray_head, client, tmp_path, tiny_model_dir):
         "verifier.num_workers=1",
         f"trainer.run_dir={run_dir}",
         f"hydra.run.dir={tmp_path / 'hydra'}",
-        *fast_tiny_overrides(tiny_model_dir),  # the session's small model, already built
+        *fast_tiny_overrides(tiny_model_dir),  # the test run's small model, already built
     ]
     job_id = f"avspo-test-{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()

@@ -1,5 +1,5 @@
 """`python -m launch.train` end to end with real Ray actors (rollout worker, verifier actor,
-2 DeepSpeed ranks), shortened, on the session's small tiny model (tests/conftest.py FAST_TINY):
+2 DeepSpeed ranks), shortened, on the test run's small tiny model (tests/conftest.py FAST_TINY):
 resume after a kill or a signal (with the collapse-aware prompt sampler), faults, bad data, DAPO,
 evaluation, SmolLM2 (the default run itself: tests/e2e/test_default_run.py; GRPO vs AVSPO on
 the same rewards: tests/e2e/test_closed_and_multirun.py)."""
@@ -47,7 +47,7 @@ HF_RUN = [
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory, tiny_model_dir, joined_ray) -> Path:
     """HF_RUN uninterrupted: what the interrupted-and-resumed runs below must reproduce (they
-    start their own Ray; this one joins the session's: the same numbers either way)."""
+    start their own Ray; this one joins the test run's: the same numbers either way)."""
     whole = tmp_path_factory.mktemp("whole") / "run"
     run_train(whole, *fast_tiny_overrides(tiny_model_dir), *HF_RUN, *joined_ray)
     return whole
@@ -266,7 +266,7 @@ def test_a_bad_data_row_stops_the_run_with_exit_2_before_any_actor(tmp_path, tin
 
 
 def _kill_actor(sid: int, name: str) -> int:
-    """SIGKILL the live process of session ``sid`` whose title is ``ray::<name>...``."""
+    """SIGKILL the live process with sid ``sid`` whose title is ``ray::<name>...``."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -277,7 +277,7 @@ def _kill_actor(sid: int, name: str) -> int:
                 return int(entry.name)
         except (OSError, ValueError):
             continue
-    raise AssertionError(f"no ray::{name} process in session {sid}")
+    raise AssertionError(f"no ray::{name} process with sid {sid}")
 
 
 @pytest.mark.slow
@@ -300,7 +300,7 @@ def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
        and optimizer state are gone, so the run ends (exit 1, not hanging in the live rank's
        collective) with an emergency note naming the intact step-4 checkpoint and the resume
        command; no process of the run remains.
-    4. ``trainer.resume=auto`` (joined to the session's Ray: what is tested of Ray's stop was
+    4. ``trainer.resume=auto`` (joined to the test run's Ray: what is tested of Ray's stop was
        tested above) runs steps 5 and 6.
 
     Every step's metrics equal the uninterrupted run's, the fault counters aside: the learner

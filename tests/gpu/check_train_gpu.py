@@ -23,7 +23,7 @@ one group on one GPU) and the learner's recomputed old log-probs, as the GPU pre
    the sampler's position or the engine's weights changes far more.
 
 One PASS/FAIL line per item, the figures in ``--out`` (JSON); exit 1 if any fails or the
-global timeout ends a run (its processes are killed with their session).
+global timeout ends a run (its processes are killed with their process group).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def overrides(device: str) -> list[str]:
 
 
 def run(run_dir: Path, args: list[str], deadline: float) -> dict:
-    """``launch.train`` in its own session; killed with its processes at ``deadline``."""
+    """``launch.train`` in its own process group; killed with its processes at ``deadline``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}  # fmt: skip
     cmd = [sys.executable, "-m", "launch.train", f"trainer.run_dir={run_dir}",

@@ -56,7 +56,7 @@ def test_the_shipped_fast_tiny_loads_and_answers(tiny_model_dir):
 
 @pytest.mark.slow
 def test_tiny_accuracy_is_partial(tiny_model_dir):
-    """The session's FAST_TINY mixes right and wrong answers on the levels the Ray tests use
+    """The test run's FAST_TINY mixes right and wrong answers on the levels the Ray tests use
     (task.difficulty=1): their groups are neither all correct nor all wrong."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -133,7 +133,7 @@ def test_path_source_needs_a_path(tmp_path):
 def test_smollm2_converts_offline_and_answers_in_text(smollm2_cache):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # converted by the fixture (once per session: the smollm2_cpu run uses the same folder);
+    # converted by the fixture (once per pytest run: the smollm2_cpu run uses the same folder);
     # here the cache finds it complete
     folder = ensure_model(ModelConfig(source="smollm2", cache_dir=smollm2_cache), log=QUIET)
     assert built_facts(folder)["parameters"] > 130e6

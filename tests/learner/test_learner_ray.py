@@ -103,7 +103,7 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     # Equal up to float summation order: the tied embedding's gradient sums the softmax over
     # the vocabulary at every position, ~1e-7 relative error at |g| ~ 1, which Adam's first step
     # (slope lr / eps = 1 in g) passes on. Measured 2.7e-7 (ZeRO-2) and 2.8e-7 (ZeRO-3) on the
-    # pinned session model, on an AMD EPYC; the bound lr * 1e-3 = 1e-6 is 100x below the update
+    # pinned FAST_TINY, on an AMD EPYC; the bound lr * 1e-3 = 1e-6 is 100x below the update
     # and far below a real error: a rank's gradient not averaged in (g doubled) moves a weight
     # with |g| ~ eps by lr * (2/3 - 1/2) ~ 1.7e-4.
     for state in states:  # both ranks hold the same, reference-equal weights

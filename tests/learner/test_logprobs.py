@@ -103,7 +103,7 @@ def test_microbatch_split_does_not_change_loss_or_gradient(model, aggregation):
     split_loss, split_grad = loss_and_grad([[i] for i in range(6)])
     assert split_loss == pytest.approx(whole_loss, abs=1e-6)
     # Equal up to float32 summation order (each micro-batch pads to its own width): measured
-    # 2.4e-6 at max |g| 0.48 (seq-mean-token-mean, pinned session model), i.e. 5e-6 of the
+    # 2.4e-6 at max |g| 0.48 (seq-mean-token-mean, pinned FAST_TINY), i.e. 5e-6 of the
     # gradient's scale; bound 1e-5 of it. A wrong count is an error of a whole sample's share
     # (1/6 of the batch here), 4 orders of magnitude above.
     scale = float(whole_grad.abs().max())

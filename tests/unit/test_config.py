@@ -220,7 +220,7 @@ def test_cli_rejects_bad_values_before_any_actor_starts(tmp_path, override, mess
     last = bad.stderr.strip().splitlines()[-1]
     assert last.startswith(message), last
     assert "Traceback" not in bad.stderr
-    # no Ray was started (so no actor): no session files, no Ray start-up line
+    # no Ray was started (so no actor): no Ray session files, no Ray start-up line
     assert not ray_tmp.exists() and "Started a local Ray instance" not in bad.stdout + bad.stderr
 
 
