@@ -29,6 +29,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from comm.orphans import orphans
+
 DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
@@ -36,6 +38,7 @@ DTYPES = {
 }  # fmt: skip
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 SHM = "/dev/shm"
+PREFIX = "avspo-weights-"  # then <pid>-<version>.safetensors (comm/orphans.py)
 
 
 def write_weights(path: str, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -75,7 +78,7 @@ def read_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         dtype = TORCH_DTYPES[entry["dtype"]]
         begin, end = entry["data_offsets"]
         raw = data[begin:end]
-        if (8 + length + begin) % torch.empty((), dtype=dtype).element_size():
+        if (8 + length + begin) % dtype.itemsize:
             raw = raw.clone()
         yield name, raw.view(dtype).reshape(entry["shape"])
 
@@ -94,22 +97,8 @@ def remove_stale(folder: str | None = None) -> list[str]:
     process is gone (an engine killed between writing and removing one); returns their paths."""
     removed = []
     for where in [folder] if folder else [SHM, tempfile.gettempdir()]:
-        with contextlib.suppress(OSError):
-            for name in os.listdir(where):
-                parts = name.split("-")
-                ours = name.startswith("avspo-weights-") and len(parts) >= 4 and parts[2].isdigit()
-                if ours and not _alive(int(parts[2])):
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(where, name))
-                        removed.append(os.path.join(where, name))
+        for path in orphans(where, PREFIX):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(str(path))
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

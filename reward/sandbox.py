@@ -43,6 +43,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from comm.orphans import orphans
+
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_DUMPABLE = 4
@@ -79,19 +81,10 @@ def remove_scratch(folder: str | None) -> None:
 def sweep_scratch() -> int:
     """Remove the scratch folders of pools whose process is gone (a Ray actor killed with its
     workers: SIGKILL leaves no one to clean up); returns how many. Run when a pool starts."""
-    removed = 0
-    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
-        pid = path.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:  # gone (another user's live process: PermissionError)
-            remove_scratch(str(path))
-            removed += 1
-        except OSError:
-            pass
-    return removed
+    gone = orphans(tempfile.gettempdir(), SCRATCH_PREFIX)
+    for path in gone:
+        remove_scratch(str(path))
+    return len(gone)
 
 
 def _libc():

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 
 import torch
 
-from comm.weight_file import remove_stale, weights_dir, write_weights
+from comm.weight_file import PREFIX, remove_stale, weights_dir, write_weights
 from rollout.engine import encode_prompt
 from rollout.seeding import call_seed, prompt_seed
 from rollout.types import Group, Sample, SamplingConfig
@@ -181,7 +181,7 @@ class VLLMEngine:
         items = [item for bucket in buckets for item in bucket.items()]
         nbytes = sum(t.numel() * t.element_size() for _, t in items)
         folder = weights_dir(nbytes)
-        path = os.path.join(folder, f"avspo-weights-{os.getpid()}-{version}.safetensors")
+        path = os.path.join(folder, f"{PREFIX}{os.getpid()}-{version}.safetensors")
         try:
             write_weights(path, items)
             del items
