@@ -224,7 +224,7 @@ def pending(
 
 def commit_rows(exp: Experiment, message: str) -> None:
     """``git commit`` of the results file alone (other staged changes stay staged), so that a
-    session that ends abruptly loses at most the run in progress; a failure only warns."""
+    machine that goes away abruptly loses at most the run in progress; a failure only warns."""
     for argv in (["add"], ["commit", "-q", "-m", message]):
         out = subprocess.run(
             ["git", *argv, "--", exp.results.name],
