@@ -31,8 +31,9 @@ from comm.devices import dist_backend, reserved_device
 from comm.hub import ModelRef, node_folder
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import LearnerConfig
+from learner.export import WeightExport
 from learner.logprobs import logits_problem, model_intrinsic, model_logprobs, prefix_problem
-from learner.lora import adapter_state_dict, merged_state_dict, save_model, sync_units
+from learner.lora import save_model
 from learner.loss import LossConfig
 from learner.policy import (
     available_ram_bytes,
@@ -68,7 +69,6 @@ class LearnerRank:
             # compiles nothing: no inductor import for DeepSpeed's Muon (docs/NOTES.md 12-03)
             os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
         self._listeners: dict[int, socket.socket] = {}  # rank 0: bound rendezvous ports
-        self.sync_store = None  # rank 0: the weight-sync group's store (one per run)
         torch.set_num_threads(threads or max(1, int(cfg.num_cpus_per_rank)))
 
     def address(self, host: str | None = None) -> tuple[str, int]:
@@ -122,6 +122,7 @@ class LearnerRank:
         deepspeed.init_distributed(dist_backend=backend)
         torch.manual_seed(0 if self.cfg.seed is None else self.cfg.seed)
         self.engine, self.optimizer, self.scheduler = self._deepspeed_engine()
+        self.export = WeightExport(self.engine.module, self.rank, self.cfg.zero_stage == 3)
         if self.logits == "chunked":
             # Every rank checks (a forward pass: ZeRO-3 gathers) and all take the full path if
             # any rank must (the two paths call the output embedding a different number of times).
@@ -375,38 +376,27 @@ class LearnerRank:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag.item() == 0.0
 
+    # ---- weights out (learner/export.py: every rank calls these at the same time) ------------
+
     def export_weights(self, every_rank: bool = False, adapter: bool = False):
-        """The full (LoRA: merged) weights the engines load, on rank 0 or on every rank
-        (gathered under ZeRO-3, where every rank must call this at the same time); with
-        ``adapter``, ``(weights, the adapter alone or None)``."""
-        import deepspeed
-
-        module = self.engine.module
-        want = every_rank or self.rank == 0
-
-        def snapshot():
-            if not want:
-                return None
-            state = merged_state_dict(module)
-            return (state, adapter_state_dict(module)) if adapter else state
-
-        if self.cfg.zero_stage == 3:
-            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-                return snapshot()
-        return snapshot()
+        """The full (LoRA: merged) weights the engines load, on rank 0 or on every rank (None
+        on the others); with ``adapter``, ``(weights, the adapter alone or None)``."""
+        state = self.export.state(every_rank)
+        return (state, self.export.adapter(every_rank)) if adapter else state
 
     def save(self, folder: str) -> None:
         """DeepSpeed's checkpoint in ``folder/deepspeed`` on every rank (LoRA: without the frozen
-        weights); rank 0 writes the HF model in ``folder/model`` (LoRA: merged, and adapter/)."""
+        weights); rank 0 writes the HF model in ``folder/model`` (LoRA: merged, and adapter/),
+        gathered one parameter at a time under ZeRO-3."""
         frozen_out = self.cfg.lora.rank > 0
         self.engine.save_checkpoint(
             folder, "deepspeed", save_latest=False, exclude_frozen_parameters=frozen_out
         )
-        exported = self.export_weights(adapter=True)
+        state, adapter = self.export_weights(adapter=True)
         if self.rank == 0:
             from transformers import AutoTokenizer
 
-            save_model(self.engine.module, *exported, folder)
+            save_model(self.engine.module, state, adapter, folder)
             AutoTokenizer.from_pretrained(self.model_path).save_pretrained(
                 os.path.join(folder, "model")
             )
@@ -422,79 +412,18 @@ class LearnerRank:
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {folder}")
 
-    # ---- collective weight sync (comm/weight_protocol.py) -------------------------------------
-
     def weight_specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
-        """``(name, dtype, shape)`` of every synced tensor (learner/lora.py ``sync_units``:
-        the parameters, or the merged LoRA model; full shapes under ZeRO-3)."""
-        return [
-            (u.name, str(p.dtype).removeprefix("torch."), tuple(getattr(p, "ds_shape", p.shape)))
-            for u in sync_units(self.engine.module)
-            for p in u.params[:1]
-        ]
+        return self.export.specs()
 
     def open_weight_group(self, group) -> int:
-        """Every rank plans the buckets (ZeRO-3 gathers bucket by bucket on all ranks); rank 0
-        also joins the sync group (``group``: comm/weight_protocol.py ``SyncGroup``) as its rank
-        0, hosting its store at ``group.host:group.port``. A rebuilt group replaces the old one
-        and meets on the same store (made on the first call: one per run)."""
-        from comm.weight_protocol import TensorSpec, open_sender, plan_buckets, sync_store
-
-        specs = [TensorSpec(n, d, s) for n, d, s in self.weight_specs()]
-        self.sync_buckets = plan_buckets(specs, group.bucket_bytes)
-        self.sender = None
-        if self.rank == 0:
-            if self.sync_store is None:  # the first group; rebuilt ones meet on it too
-                self.sync_store = sync_store(group, self._listener(group.port))
-            self.sender = open_sender(group, specs, self.sync_store)
+        """Join the collective sync group (rank 0; every rank plans the buckets)."""
+        self.export.open_group(group, self._listener)
         return self.rank
 
-    def gathered_buckets(self, buckets: list[list[int]]):
-        """Per bucket, its ``(name, tensor)`` pairs with full data: under ZeRO-3 gathered
-        bucket by bucket (at most one bucket beyond the shards at a time), on every rank at the
-        same time; the data is valid until the next bucket is asked for."""
-        import contextlib
-
-        import deepspeed
-
-        units = sync_units(self.engine.module)
-        for bucket in buckets:
-            chosen = [units[i] for i in bucket]
-            gather = (
-                deepspeed.zero.GatheredParameters(
-                    [p for u in chosen for p in u.params], modifier_rank=None
-                )
-                if self.cfg.zero_stage == 3
-                else contextlib.nullcontext()
-            )
-            with gather:
-                yield [(u.name, u.value()) for u in chosen]
-
-    @torch.no_grad()
     def export_buckets(self, bucket_bytes: int) -> list | None:
-        """The object-store sync's export: rank 0 puts the parameters into Ray's object store
-        one bucket (a ``{name: CPU tensor}`` dict of at most ``bucket_bytes``, as the collective
-        sync packs them) at a time and returns their refs; other ranks return None. Every rank
-        calls this at the same time (ZeRO-3 gathers each bucket)."""
-        import ray
+        """The object-store sync's bucket refs (rank 0; None on the others)."""
+        return self.export.bucket_refs(bucket_bytes)
 
-        from comm.weight_protocol import TensorSpec, plan_buckets
-
-        specs = [TensorSpec(n, d, s) for n, d, s in self.weight_specs()]
-        refs = []
-        for named in self.gathered_buckets(plan_buckets(specs, bucket_bytes)):
-            if self.rank == 0:
-                refs.append(ray.put({n: t.detach().to("cpu", copy=True) for n, t in named}))
-        return refs if self.rank == 0 else None
-
-    @torch.no_grad()
     def broadcast_weights(self, version: int) -> int:
-        """Send policy ``version`` to the engines, bucket by bucket; returns the bytes sent (0
-        on ranks other than 0). Every rank calls this at the same time (ZeRO-3 gathers)."""
-        sent = 0
-        if self.sender is not None:
-            self.sender.send_header(version)
-        for named in self.gathered_buckets(self.sync_buckets):
-            if self.sender is not None:
-                sent += self.sender.send_bucket([t for _, t in named])
-        return sent
+        """Send policy ``version`` to the engines; the bytes sent (0 on ranks other than 0)."""
+        return self.export.broadcast(version)
