@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from diagnostics.acr import MonitorConfig
-from launch.model_config import ModelConfig
+from launch.models.model_config import ModelConfig
 from launch.sampler import SAMPLERS
 from launch.schema_keys import unknown_keys
 from learner.config import AlgorithmConfig, LearnerConfig, minibatch_problem

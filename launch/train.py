@@ -60,7 +60,7 @@ class stop_on_signals(contextlib.AbstractContextManager):
 def main(raw: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from launch.bootstrap import pin_revision
+    from launch.models.bootstrap import pin_revision
 
     with exit_on_config_error():
         cfg = to_train_config(raw)
@@ -147,8 +147,8 @@ def validate(overrides: list[str], *, data: bool = True) -> list[str]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from launch.bootstrap import check_model_path
     from launch.config import ConfigError
+    from launch.models.bootstrap import check_model_path
     from reward.data import data_paths
     from reward.tasks import data_files, make_task
 

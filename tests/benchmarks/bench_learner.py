@@ -80,7 +80,7 @@ class Probe:
 def main() -> None:
     import ray
 
-    from launch.bootstrap import ModelConfig, ensure_model
+    from launch.models.bootstrap import ModelConfig, ensure_model
     from learner.config import LearnerConfig
     from learner.group import LearnerGroup
     from learner.loss import LossConfig

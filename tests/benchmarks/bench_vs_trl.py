@@ -175,7 +175,7 @@ def export_spec(workload: Workload, out: Path) -> dict:
     folder, prompts and answers of the train split, and the hyperparameters, from our config."""
     from transformers import AutoTokenizer
 
-    from launch.bootstrap import ensure_model
+    from launch.models.bootstrap import ensure_model
     from launch.prompts import render
     from reward.tasks import make_task
 

@@ -29,7 +29,7 @@ def big_model(out: Path) -> str:
     embedding and head (2 x 33.6M, the tiny tokenizer uses its first ids only)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from launch.tiny_model import build_tokenizer
+    from launch.models.tiny_model import build_tokenizer
 
     tok = build_tokenizer()
     config = LlamaConfig(
@@ -80,7 +80,7 @@ def measure(path: str, transport: str) -> tuple[float, float]:
 def main() -> None:
     import ray
 
-    from launch.bootstrap import ModelConfig, ensure_model
+    from launch.models.bootstrap import ModelConfig, ensure_model
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", nargs="+", default=["tiny", "500MB"])

@@ -66,7 +66,7 @@ SIZES = {
 def build_model(out: Path, size: dict) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from launch.tiny_model import build_tokenizer
+    from launch.models.tiny_model import build_tokenizer
 
     tok = build_tokenizer(vocab_size=size["vocab"])
     config = Qwen2Config(

@@ -315,8 +315,8 @@ def test_trainer_config_has_the_stable_keys():
 def test_prompts_over_the_context_are_dropped_and_counted_or_refused():
     """The tiny tokenizer is one token per character plus <s>: "1" * 50 is 51 tokens, "p0" 3."""
     from launch.config import ConfigError
+    from launch.models.tiny_model import build_tokenizer
     from launch.stages import fit_context
-    from launch.tiny_model import build_tokenizer
     from reward.tasks import Task
 
     tok = build_tokenizer()

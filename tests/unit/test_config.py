@@ -237,7 +237,7 @@ def test_dataclass_defaults_are_the_embedded_default_presets():
     code that builds a config without Hydra gets the same run as `python -m launch.train`."""
     from dataclasses import asdict
 
-    from launch.bootstrap import ModelConfig
+    from launch.models.bootstrap import ModelConfig
     from learner.config import AlgorithmConfig
     from learner.trigger import TriggerConfig
     from reward.tasks import TaskConfig

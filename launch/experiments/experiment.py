@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf" / "reproduce"
 KEYS = {
     "description",
@@ -47,7 +47,7 @@ FIGURES = (
     ("generated_tokens", "rollout tokens (k)", 1e-3),
     ("grad_tokens", "grad tokens (k)", 1e-3),
     ("wall_s", "wall s", 1.0),
-)  # (row key, column head, scale); gain_mean_at_k is derived (launch/aggregate.py)
+)  # (row key, column head, scale); gain_mean_at_k is derived (launch/experiments/aggregate.py)
 
 
 class ExperimentError(ValueError):

@@ -27,8 +27,15 @@ from diagnostics.stats import (
     holm,
     paired,
 )
-from launch.experiments import ENDPOINTS, FIGURES, ROOT, Experiment, ExperimentError, cell_id
-from launch.grid import command, latest, models_of, read_rows, rows_of
+from launch.experiments.experiment import (
+    ENDPOINTS,
+    FIGURES,
+    ROOT,
+    Experiment,
+    ExperimentError,
+    cell_id,
+)
+from launch.experiments.grid import command, latest, models_of, read_rows, rows_of
 
 # --- the aggregate --------------------------------------------------------------------------
 

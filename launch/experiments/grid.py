@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from launch.experiments import ROOT, Experiment, cell_id, summarize_run
+from launch.experiments.experiment import ROOT, Experiment, cell_id, summarize_run
 
 # --- the grid -------------------------------------------------------------------------------
 
@@ -92,14 +92,15 @@ def host() -> str:
 
 
 def cell_models(exp: Experiment, log=print) -> dict[str, str | None]:
-    """Each cell's model weights on this machine (cell id -> :func:`launch.bootstrap.weights_id`),
-    building the model where the cache lacks it, as its run would. ``None`` for a cell whose
-    config does not compose or validate: its run fails before any model, wherever it runs. Any
-    other failure (a model build that fails: a full disk, a broken cache) is this machine's and
-    stops the grid rather than becoming a model-less row that every model's block would show."""
+    """Each cell's model weights on this machine (cell id ->
+    :func:`launch.models.bootstrap.weights_id`), building the model where the cache lacks it, as its
+    run would. ``None`` for a cell whose config does not compose or validate: its run fails before
+    any model, wherever it runs. Any other failure (a model build that fails: a full disk, a broken
+    cache) is this machine's and stops the grid rather than becoming a model-less row that every
+    model's block would show."""
     from hydra import compose, initialize_config_dir
 
-    import launch.bootstrap as bootstrap
+    import launch.models.bootstrap as bootstrap
     from launch.config import COMPOSE_ERRORS, to_train_config
 
     out, by_spec = {}, {}
@@ -207,9 +208,10 @@ def pending(
     models: dict[str, str | None] | None = None,
     only: dict[str, set[str]] | None = None,
 ) -> list[tuple[dict, int]]:
-    """The (cell, seed) pairs still to run, seed-major; with ``models`` (:func:`cell_models`),
-    a row counts only where it was made from the weights this machine's run would start from;
-    with ``only`` (:func:`launch.experiments.parse_only`), the cells with those axis values."""
+    """The (cell, seed) pairs still to run, seed-major; with ``models`` (:func:`cell_models`), a row
+    counts only where it was made from the weights this machine's run would start from; with
+    ``only`` (:func:`launch.experiments.experiment.parse_only`), the cells with those axis
+    values."""
     done = latest(rows, exp, models)
     todo = []
     for seed in exp.seeds:
