@@ -17,7 +17,8 @@ from tests.helpers import ROOT, load
 def test_every_algorithm_preset_composes(name):
     cfg = load(f"algorithm={name}")
     assert cfg.algorithm.name == name and cfg.algorithm.estimator == name
-    assert (cfg.algorithm.trigger.policy == "adaptive") == (name == "avspo")
+    # no preset switches the trigger off: only AVSPO has one (learner/estimators.py)
+    assert cfg.algorithm.trigger.policy == "adaptive"
 
 
 def test_default_is_avspo_fast_differing_from_the_paper_only_in_the_trigger():
@@ -131,23 +132,21 @@ def test_overlong_buffer_must_fit_in_the_response_length():
         # relative to the schema's defaults (the paper's AVSPO)
         ("avspo", {}),
         ("avspo_fast", {"name": "avspo_fast", "trigger.tau_adapt_0": 0.3, "trigger.eta": 0.05}),
-        ("grpo", {"name": "grpo", "estimator": "grpo", "trigger.policy": "never"}),
+        ("grpo", {"name": "grpo", "estimator": "grpo"}),
         (
             "dr_grpo",
             {
                 "name": "dr_grpo",
                 "estimator": "dr_grpo",
-                "trigger.policy": "never",
                 "loss.aggregation": "seq-mean-token-sum-norm",
             },
         ),
-        ("rloo", {"name": "rloo", "estimator": "rloo", "trigger.policy": "never"}),
+        ("rloo", {"name": "rloo", "estimator": "rloo"}),
         (
             "dapo",
             {
                 "name": "dapo",
                 "estimator": "grpo",
-                "trigger.policy": "never",
                 "loss.clip_high": 0.28,
                 "dynamic_sampling.enabled": True,
             },
@@ -158,7 +157,6 @@ def test_overlong_buffer_must_fit_in_the_response_length():
                 "name": "avspo_release",
                 "estimator": "avspo_release",
                 "eps": 1e-4,
-                "trigger.policy": "never",
             },
         ),
     ],
