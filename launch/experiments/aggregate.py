@@ -132,6 +132,7 @@ class CellStats:
     same_as: str | None = None  # identical_cells: counted once
     holm_p: float | None = None  # the primary difference's p-value, Holm-adjusted
     base_gain: float | None = None  # the baseline's mean primary gain over the paired seeds
+    partner: str | None = None  # the cell it is paired with, where ``pairs`` registered one
 
 
 def _with_derived(r: dict) -> dict:
@@ -161,7 +162,7 @@ def aggregate(
     for cell in exp.cells:
         cid = cell_id(cell)
         mine = {s: ok[(cid, s)] for s in exp.seeds if (cid, s) in ok}
-        base_cell = {**cell, **exp.baseline}
+        base_cell = exp.partner(cell)
         base = {s: ok[(cell_id(base_cell), s)] for s in exp.seeds if (cell_id(base_cell), s) in ok}
         figures = {key: estimate([r.get(key) for r in mine.values()]) for key, _, _ in FIGURES}
         versus, base_gain = {}, None
@@ -183,8 +184,9 @@ def aggregate(
             for s in exp.seeds
             if (cid, s) in done and done[(cid, s)].get("status") != "ok"
         ]
+        partner = cell_id(base_cell) if base_cell != {**cell, **exp.baseline} else None
         out.append(CellStats(cell, figures, versus, sorted(mine), failed, same.get(cid),
-                             base_gain=base_gain))  # fmt: skip
+                             base_gain=base_gain, partner=partner))  # fmt: skip
     own_cells = {cell_id(c) for c in exp.cells}  # an arm identical to one of them is counted
     family = [
         c for c in out
@@ -362,8 +364,9 @@ def outcome_table(exp, part, axes, primary, vs, heads) -> tuple[list[str], list[
         if exp.baseline and base:
             r += ["(baseline)"] * 4
         elif exp.baseline:
+            mark = f" (vs {c.partner})" if c.partner else ""
             r += [
-                _points(c.versus[primary]),
+                _points(c.versus[primary]) + mark,
                 _share(c.versus[primary], c.base_gain),
                 _holm(c),
                 _points(c.versus[f"{curve}_at_equal_tokens"]),

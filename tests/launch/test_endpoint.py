@@ -126,3 +126,29 @@ def test_a_failed_run_row_records_the_machine_too(tmp_path):
     r = run_one(exp, exp.cells[0], 0)
     assert r["status"] == "failed" and "trainer.total_steps" in r["error"]
     assert r["host"] == host()
+
+
+def test_a_registered_pair_is_compared_with_its_partner_and_holm_counts_it(tmp_path):
+    """``pairs`` (issue 48, point 8): DCPO on recurring prompts is compared with GRPO on the same
+    prompts, as e1_pinned.yaml registered, not with the baseline; the Holm family holds that
+    comparison, and the table says which partner it had."""
+    axes = {"method": {"grpo": ["algorithm=grpo"], "grpo_recur": ["task.num_train=8"],
+                       "dcpo_recur": ["algorithm=dcpo", "task.num_train=8"]}}  # fmt: skip
+    path = experiment_file(tmp_path, axes=axes, pairs={"method": {"dcpo_recur": "grpo_recur"}})
+    exp = load_experiment(str(path))
+    acc = {"grpo": [0.5, 0.6, 0.7], "grpo_recur": [0.3, 0.4, 0.5], "dcpo_recur": [0.4, 0.6, 0.6]}
+    rows = [row(exp, m, s, a) for m, accs in acc.items() for s, a in enumerate(accs)]
+    cells = {c.cell["method"]: c for c in aggregate(exp, rows)}
+    # dcpo_recur - grpo_recur per seed: +0.1, +0.2, +0.1 (against grpo it would be -0.1, 0, -0.1)
+    assert cells["dcpo_recur"].versus["final_accuracy"].mean == pytest.approx(0.4 / 3)
+    assert cells["dcpo_recur"].partner == "method=grpo_recur"
+    assert cells["grpo_recur"].versus["final_accuracy"].mean == pytest.approx(-0.2)  # vs grpo
+    assert cells["grpo_recur"].partner is None
+    # two comparisons in the family: both adjusted (Holm multiplies the smaller p by 2)
+    assert cells["dcpo_recur"].holm_p is not None and cells["grpo_recur"].holm_p is not None
+    exp.results.parent.mkdir(parents=True)
+    exp.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "(vs method=grpo_recur)" in write_report(exp).read_text()
+    with pytest.raises(ExperimentError, match="pairs.method.dcpo_recur"):
+        load_experiment(str(experiment_file(tmp_path, axes=axes,
+                                            pairs={"method": {"dcpo_recur": "nope"}})))  # fmt: skip
