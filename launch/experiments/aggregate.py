@@ -136,10 +136,17 @@ class CellStats:
 
 
 def _with_derived(r: dict) -> dict:
-    """A row with ``gain_mean_at_k`` (final minus step-0 mean@k) added."""
+    """A row with ``gain_mean_at_k`` (final minus step-0 mean@k) and ``dose`` added. The dose is
+    the share of collapsed groups whose samples got a non-zero advantage, 1 - acr_effective /
+    acr_raw (both are means over steps of shares of the step's groups, and every step has as
+    many groups, so their ratio is one of counts): 0 for GRPO, 1 where every collapsed group is
+    treated; negative under DAPO's filter, whose dropped groups count as lost."""
+    out = dict(r)
     if r.get("final_mean_at_k") is not None and r.get("start_mean_at_k") is not None:
-        return {**r, "gain_mean_at_k": r["final_mean_at_k"] - r["start_mean_at_k"]}
-    return r
+        out["gain_mean_at_k"] = r["final_mean_at_k"] - r["start_mean_at_k"]
+    if r.get("acr_effective") is not None and r.get("acr_raw"):
+        out["dose"] = 1.0 - r["acr_effective"] / r["acr_raw"]
+    return out
 
 
 def aggregate(
@@ -263,8 +270,12 @@ def report_markdown(
         "",
         exp.description,
         "",
-        "Figures: mean +- 95% CI half-width (Student t over seeds; none for one seed). Differences "
-        f"are paired per seed against the baseline cell, in points; the primary one ({primary}, "
+        "Figures: mean +- 95% CI half-width (Student t over seeds; none for one seed). 'Collapsed "
+        "groups treated' is each arm's dose: the share of its collapsed groups whose samples got "
+        "a non-zero advantage, 1 - ACR effective / ACR raw (negative under DAPO's filter, whose "
+        "dropped groups count as lost). Differences "
+        "are paired per seed against the baseline cell (or the partner the experiment registered "
+        f"for the arm, named beside it), in points; the primary one ({primary}, "
         "the experiment's endpoint) also as a share of the baseline's own gain, with its paired "
         "t-test p-value Holm-adjusted over every comparison of the experiment (identical arms "
         "counted once). 'At equal tokens': both runs' curves interpolated at the smaller of "
@@ -348,7 +359,7 @@ def outcome_table(exp, part, axes, primary, vs, heads) -> tuple[list[str], list[
     then greedy accuracy (or mean@k when greedy is primary), pass@k, and which arm an arm is
     identical to (when one is)."""
     curve, gain, other = ENDPOINTS[primary]
-    header = [*axes, "seeds", heads[primary][0], heads[gain][0]]
+    header = [*axes, "seeds", heads["dose"][0], heads[primary][0], heads[gain][0]]
     if exp.baseline:
         header += [f"minus {vs} (points, paired)", f"share of {vs}'s gain", "Holm p",
                    "minus it at equal tokens (points)"]  # fmt: skip
@@ -358,7 +369,7 @@ def outcome_table(exp, part, axes, primary, vs, heads) -> tuple[list[str], list[
     header += ["identical to"] if same else []
     body = []
     for c in part:
-        r = [*(c.cell[a] for a in axes), str(len(c.seeds))]
+        r = [*(c.cell[a] for a in axes), str(len(c.seeds)), _fmt(c.figures["dose"], 1.0)]
         r += [_fmt(c.figures[primary], 1.0), _fmt(c.figures[gain], 1.0)]
         base = not c.versus
         if exp.baseline and base:

@@ -42,13 +42,14 @@ FIGURES = (
     ("final_pass_at_k", "final pass@k", 1.0),
     ("acr_raw", "ACR raw", 1.0),
     ("acr_effective", "ACR effective", 1.0),
+    ("dose", "collapsed groups treated", 1.0),
     ("acr_low", "all-incorrect", 1.0),
     ("acr_high", "all-correct", 1.0),
     ("early_acr", "early ACR", 1.0),
     ("generated_tokens", "rollout tokens (k)", 1e-3),
     ("grad_tokens", "grad tokens (k)", 1e-3),
     ("wall_s", "wall s", 1.0),
-)  # (row key, column head, scale); gain_mean_at_k is derived (launch/experiments/aggregate.py)
+)  # (row key, column head, scale); gain_mean_at_k and dose are derived (launch/experiments/aggregate.py)
 
 
 class ExperimentError(ValueError):

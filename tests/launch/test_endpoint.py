@@ -85,7 +85,7 @@ def test_greedy_accuracy_is_primary_only_where_the_experiment_names_it(tmp_path)
     exp.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = write_report(exp).read_text()
     assert "the primary one (final greedy accuracy, the experiment's endpoint)" in text
-    assert "| avspo | 1 | 0.500 | n/a | +10.0 |" in text  # 0.5 - 0.4 on seed 0, in points
+    assert "| avspo | 1 | n/a | 0.500 | n/a | +10.0 |" in text  # 0.5 - 0.4 on seed 0, in points
     with pytest.raises(ExperimentError, match="endpoint: 'pass_at_k' is not one of"):
         load_experiment(str(experiment_file(tmp_path, endpoint="pass_at_k")))
     # the default: mean@k at T = 1
@@ -138,7 +138,11 @@ def test_a_registered_pair_is_compared_with_its_partner_and_holm_counts_it(tmp_p
     exp = load_experiment(str(path))
     acc = {"grpo": [0.5, 0.6, 0.7], "grpo_recur": [0.3, 0.4, 0.5], "dcpo_recur": [0.4, 0.6, 0.6]}
     rows = [row(exp, m, s, a) for m, accs in acc.items() for s, a in enumerate(accs)]
+    for r in rows:  # the dose: 1 - effective / raw; DCPO treats 3 of 4 collapsed groups
+        r["acr_raw"], r["acr_effective"] = 0.4, 0.1 if r["cell"]["method"] == "dcpo_recur" else 0.4
     cells = {c.cell["method"]: c for c in aggregate(exp, rows)}
+    assert cells["dcpo_recur"].figures["dose"].mean == pytest.approx(0.75)
+    assert cells["grpo"].figures["dose"].mean == 0.0
     # dcpo_recur - grpo_recur per seed: +0.1, +0.2, +0.1 (against grpo it would be -0.1, 0, -0.1)
     assert cells["dcpo_recur"].versus["final_accuracy"].mean == pytest.approx(0.4 / 3)
     assert cells["dcpo_recur"].partner == "method=grpo_recur"

@@ -135,7 +135,7 @@ def test_mean_at_k_is_primary_holm_counts_identical_arms_once_and_shares_the_gai
     text = write_report(exp).read_text()
     # b: 0.30, 0.32, 0.34 -> 0.320, gain 0.120; differences 0, 0.01, 0.02: sd 0.01, ci
     # 4.302653 * 0.01 / sqrt(3) = 0.0248 -> "+1.0 +- 2.5" points, 1 / 11 = 9% of grpo's gain
-    assert "| b | 3 | 0.320 +- 0.050 | 0.120 +- 0.050 | +1.0 +- 2.5 | +9% (-13..+32%) |" in text
+    assert "| b | 3 | n/a | 0.320 +- 0.050 | 0.120 +- 0.050 | +1.0 +- 2.5 | +9% (-13..+32%) |" in text
     assert "(counted once)" in text and "| method=a |" in text
 
 
@@ -198,9 +198,9 @@ def test_the_report_section_is_replaced_between_its_markers(tmp_path):
     text = exp.report.read_text()
     assert text.count("<!-- reproduce:demo begin -->") == 1
     # greedy accuracy is the experiment's primary endpoint
-    assert "| grpo | 3 | 0.500 +- 0.248 | n/a | (baseline) |" in text
+    assert "| grpo | 3 | n/a | 0.500 +- 0.248 | n/a | (baseline) |" in text
     # avspo has one seed (0.5) paired with grpo's seed 0 (0.4): +10.0 points, no interval
-    assert "| avspo | 1 | 0.500 | n/a | +10.0 |" in text
+    assert "| avspo | 1 | n/a | 0.500 | n/a | +10.0 |" in text
     assert (exp.results.parent / "demo_final_accuracy.png").read_bytes()[:4] == b"\x89PNG"
     (exp.report).write_text(text + "\nhand-written after\n")
     write_report(exp)
