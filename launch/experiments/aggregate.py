@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -347,10 +348,32 @@ def model_block(
         lines += ["Failed runs (recorded, not retried without `--retry-failed`):", ""]
         lines += [f"- {cell_id(c.cell)} seed {s}: {e}" for c, s, e in failed]
         lines.append("")
+    lines += superseded_attempts(exp, rows, done)
     for p in plots:
         rel = os.path.relpath(p, exp.report.parent)
         lines += [f"![{p.stem}]({rel})", ""]
     return lines
+
+
+def superseded_attempts(exp: Experiment, rows: list[dict], done: dict) -> list[str]:
+    """Every row that a later row of its cell and seed replaced (a failed attempt, then a retry),
+    listed under the grid: the retry runs with ``trainer.resume=auto``, so where the attempt had
+    saved a checkpoint, the row shown continues it (its wall time covers the continuation)."""
+    kept = {(k, r.get("finished")) for k, r in done.items()}
+    out = []
+    for r in rows:
+        key = (r.get("cell_id"), r.get("seed"))
+        if key in done and (key, r.get("finished")) not in kept:
+            why = re.sub(r"\x1b\[[0-9;]*m", "", r.get("error") or "").replace("\n", " ")[:160]
+            out.append(f"- {key[0]} seed {key[1]}: {r.get('status')} after "
+                       f"{r.get('wall_s', float('nan')):.0f} s, {r.get('finished', '?')}"
+                       + (f": {why}" if why else ""))  # fmt: skip
+    if not out:
+        return []
+    head = ("Attempts replaced by a later row of the same cell and seed (the later row ran with "
+            "`trainer.resume=auto`: it continues the attempt's last checkpoint where one was "
+            "saved, and its wall time covers only the continuation):")  # fmt: skip
+    return [head, "", *out, ""]
 
 
 def outcome_table(exp, part, axes, primary, vs, heads) -> tuple[list[str], list[list[str]]]:

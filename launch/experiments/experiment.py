@@ -49,7 +49,7 @@ FIGURES = (
     ("generated_tokens", "rollout tokens (k)", 1e-3),
     ("grad_tokens", "grad tokens (k)", 1e-3),
     ("wall_s", "wall s", 1.0),
-)  # (row key, column head, scale); gain_mean_at_k and dose are derived (launch/experiments/aggregate.py)
+)  # (row key, column head, scale); gain_mean_at_k and dose are derived (aggregate.py)
 
 
 class ExperimentError(ValueError):

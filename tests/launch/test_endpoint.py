@@ -156,3 +156,19 @@ def test_a_registered_pair_is_compared_with_its_partner_and_holm_counts_it(tmp_p
     with pytest.raises(ExperimentError, match="pairs.method.dcpo_recur"):
         load_experiment(str(experiment_file(tmp_path, axes=axes,
                                             pairs={"method": {"dcpo_recur": "nope"}})))  # fmt: skip
+
+
+def test_attempts_replaced_by_a_later_row_are_listed_under_the_grid(tmp_path):
+    """Issue 48, point 18: a failed attempt stays visible (when, how long, why) beside the row
+    that replaced it, whose count alone ("3 of 3 runs") would hide it."""
+    exp = load_experiment(str(experiment_file(tmp_path)))
+    rows = [row(exp, m, s, 0.4) for m in ("grpo", "avspo") for s in range(3)]
+    failed = {**rows[4], "status": "failed", "wall_s": 62.0, "finished": "2026-12-02T13:47",
+              "error": "exit status 1: \x1b[36m(LearnerRank)\x1b[0m boom"}  # fmt: skip
+    rows = [*rows[:4], failed, {**rows[4], "finished": "2026-12-02T13:54"}, rows[5]]
+    exp.results.parent.mkdir(parents=True)
+    exp.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = write_report(exp).read_text()
+    assert "6 of 6 runs (6 ok)" in text
+    assert "- method=avspo seed 1: failed after 62 s, 2026-12-02T13:47: exit status 1: " \
+           "(LearnerRank) boom" in text  # fmt: skip

@@ -135,7 +135,9 @@ def test_mean_at_k_is_primary_holm_counts_identical_arms_once_and_shares_the_gai
     text = write_report(exp).read_text()
     # b: 0.30, 0.32, 0.34 -> 0.320, gain 0.120; differences 0, 0.01, 0.02: sd 0.01, ci
     # 4.302653 * 0.01 / sqrt(3) = 0.0248 -> "+1.0 +- 2.5" points, 1 / 11 = 9% of grpo's gain
-    assert "| b | 3 | n/a | 0.320 +- 0.050 | 0.120 +- 0.050 | +1.0 +- 2.5 | +9% (-13..+32%) |" in text
+    assert (
+        "| b | 3 | n/a | 0.320 +- 0.050 | 0.120 +- 0.050 | +1.0 +- 2.5 | +9% (-13..+32%) |" in text
+    )
     assert "(counted once)" in text and "| method=a |" in text
 
 
