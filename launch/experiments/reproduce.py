@@ -42,9 +42,9 @@ import argparse
 import contextlib
 import sys
 
-from launch.experiments.aggregate import write_report
 from launch.experiments.experiment import ExperimentError, cell_id, load_experiment, parse_only
 from launch.experiments.grid import cell_models, command, pending, read_rows, refresh_rows, run_grid
+from launch.experiments.report import write_report
 
 
 def parser() -> argparse.ArgumentParser:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from launch.experiments.aggregate import aggregate, write_report
+from launch.experiments.aggregate import aggregate
 from launch.experiments.experiment import ExperimentError, cell_id, load_experiment, summarize_run
 from launch.experiments.grid import host, pending, run_one
+from launch.experiments.report import write_report
 from launch.experiments.reproduce import main
 from tests.launch.experiment_rows import evals_row, experiment_file, row
 

@@ -17,12 +17,11 @@ from launch.experiments.aggregate import (
     aggregate,
     at_tokens,
     equal_token_difference,
-    fit_markdown,
     identical_cells,
-    write_report,
 )
 from launch.experiments.experiment import ExperimentError, cell_id, load_experiment
 from launch.experiments.grid import append_row, command, pending, read_rows
+from launch.experiments.report import fit_markdown, write_report
 from tests.conftest import fast_tiny_overrides
 from tests.launch.experiment_rows import evals_row, experiment_file, row
 
@@ -479,7 +478,7 @@ def test_a_cell_whose_model_folder_is_missing_stops_the_grid_with_the_key(
 def test_figures_of_ten_or_more_get_one_decimal_fractions_three():
     """Wall seconds of 69.7 read '69.7 +- 10.5', not '69.700 +- 10.460'; accuracies keep 3."""
     from diagnostics.stats import estimate
-    from launch.experiments.aggregate import _fmt
+    from launch.experiments.report import _fmt
 
     assert _fmt(estimate([59.24, 80.16]), 1.0).startswith("69.7 +- ")  # mean (59.24+80.16)/2
     assert _fmt(estimate([0.4, 0.5, 0.6]), 1.0) == "0.500 +- 0.248"  # t975(2) * 0.1 / sqrt(3)
