@@ -199,6 +199,12 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
             f"colocated: generation on {threads.rollout} threads per engine, the update on "
             f"{threads.learner} per rank"
         )
+    weights: WeightSync | None = None  # made once the learner is up
+
+    def restore(worker: int) -> None:  # before the first sync an engine holds the initial model
+        if weights is not None:
+            weights.restore(worker)
+
     rollout = RolloutGroup(
         cfg.rollout,
         model,
@@ -209,6 +215,7 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
         threads=threads.rollout,
         cpus=threads.rollout_cpus,
         sleep_mode=cfg.cluster.colocate,
+        on_restart=restore,
     )
     if not train:
         log(f"engines: {', '.join(rollout.wait_ready())}")  # e.g. "HFEngine on cuda"
@@ -230,7 +237,8 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
         engines_first=sleeps,
     )
     log(f"engines: {', '.join(rollout.engines)}")
-    return rollout, learner, WeightSync(rollout, learner, sleeps=sleeps)
+    weights = WeightSync(rollout, learner, sleeps=sleeps)
+    return rollout, learner, weights
 
 
 def engines_sleep(cfg: TrainConfig) -> bool:

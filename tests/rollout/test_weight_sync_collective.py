@@ -238,7 +238,8 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
         tiny_model_dir,
     )
     cfg = RolloutConfig(engine="hf", num_workers=2, timeout_s=300, weight_sync="collective")
-    rollout = RolloutGroup(cfg, tiny_model_dir)
+    # a restarted worker gets the weights the others hold (as launch/stages.py wires it)
+    rollout = RolloutGroup(cfg, tiny_model_dir, on_restart=lambda i: sync.restore(i))
     sync = WeightSync(rollout, learner)
     params = SamplingConfig(n=4, temperature=1.0, max_new_tokens=8, seed=3)
     prompts = [f"{a}+{b}=" for a, b in ((1, 2), (3, 4), (5, 6), (7, 8))]
