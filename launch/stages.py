@@ -105,6 +105,7 @@ class Stages:
     weights: WeightSync | None
     placement: dict
     over_long_prompts: int = 0  # training prompts dropped as over the context (fit_context)
+    pad_id: int = 0  # the tokenizer's, for batches the driver builds (intrinsic scoring)
 
     def fault_metrics(self) -> dict[str, float]:
         """Cumulative counts of the run's recovered faults (``fault/...``), and the training
@@ -149,12 +150,13 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
     if train and resume_from is not None:
         check_resumable(cfg, task, resume_from)
     sampling = cfg.rollout.sampling
+    pad_id = tokenizer.pad_token_id or 0
     stage = AdvantageStage(
         cfg.algorithm,
         reward_range=task.reward_range,
         seed=learner_seed(cfg),
         monitor=cfg.acr,
-        pad_id=tokenizer.pad_token_id or 0,
+        pad_id=pad_id,
         max_response_len=sampling.max_new_tokens,
     )
     init_ray(cfg)
@@ -165,7 +167,7 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
     verifier = Verifier(cfg, placement["verifier"], log)
     return Stages(
         task, eval_sets, model_path, resume_from, stage, make_sampler(task.train, cfg.trainer),
-        rollout, verifier, learner, weights, placement, over_long,
+        rollout, verifier, learner, weights, placement, over_long, pad_id,
     )  # fmt: skip
 
 

@@ -261,6 +261,11 @@ class AdvantageStage:
             )
         return rewards, lengths, truncated
 
+    def prompt_history(self) -> dict:
+        """The ACR monitor's per-prompt collapse history (``prompts``) and its ``summary``: the
+        run directory's prompt_history.json."""
+        return {"summary": self.monitor.prompt_summary(), "prompts": self.monitor.prompt_history}
+
     def state_dict(self) -> dict:
         """JSON-serialisable: the ACR monitor and the estimator's state (AVSPO: ``trigger``,
         ``acr_window``, ``generator``; DCPO: ``prompt_history``)."""

@@ -73,7 +73,7 @@ def learner_logprobs(rank, cfg, batch) -> torch.Tensor:
     from learner.update import split_for_ranks
 
     per_rank, _, plans = split_for_ranks(batch, cfg, None)
-    return rank._learner_logprobs(per_rank[0][0], plans[0][0])
+    return rank.update.learner_logprobs(per_rank[0][0], plans[0][0])
 
 
 def with_logprobs(groups, logprobs: Callable) -> list:
