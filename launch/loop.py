@@ -39,7 +39,7 @@ from diagnostics.sinks import (
     wandb_mode,
 )
 from launch.config import TrainConfig
-from launch.evaluate import evaluate_held_out
+from launch.heldout import evaluate_held_out
 from launch.resume import CheckpointFailed, Stopped, fingerprint, truncate_metrics
 from launch.sampler import mixed_token_share
 from launch.stages import Stages

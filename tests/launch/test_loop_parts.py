@@ -150,7 +150,7 @@ def test_evaluate_reports_greedy_accuracy_and_pass_at_k():
 def test_evaluation_says_which_pass_of_which_set_runs():
     """Progress of a long evaluation: each set (``i/m`` with its name when there are several)
     and each pass over it (greedy, then the samples) is announced before it runs."""
-    from launch.evaluate import evaluate_held_out
+    from launch.heldout import evaluate_held_out
     from reward.tasks import TaskConfig
 
     shown = []
