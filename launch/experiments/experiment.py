@@ -26,6 +26,7 @@ KEYS = {
     "timeout_s",
     "report",
     "endpoint",
+    "keep_checkpoints",
 }
 # The primary endpoints an experiment may name (``endpoint``; its ok rows must carry it) ->
 # (its curve in a row's evals, its gain, the endpoint shown beside it)
@@ -78,6 +79,8 @@ class Experiment:
     # registered pairings other than the baseline: {axis: {value: the value it is paired with}}
     # (e.g. DCPO on recurring prompts against GRPO on the same recurring prompts)
     pairs: dict[str, dict[str, str]] = field(default_factory=dict)
+    # a finished run's checkpoints are deleted once its row is written (SmolLM2: ~8 GB a run)
+    keep_checkpoints: bool = False
     cells: list[dict[str, str]] = field(init=False)
 
     def partner(self, cell: dict[str, str]) -> dict[str, str]:
@@ -228,6 +231,7 @@ def load_experiment(name_or_path: str) -> Experiment:
         timeout_s=float(raw.get("timeout_s", 3600.0)),
         endpoint=endpoint,
         pairs=_pairs(raw, axes, baseline, bad),
+        keep_checkpoints=bool(raw.get("keep_checkpoints", False)),
     )
 
 

@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -190,6 +191,8 @@ def run_one(exp: Experiment, cell: dict[str, str], seed: int, model: str | None 
         row |= {"status": "failed", "error": f"{error}: " + " | ".join(tail)[-1500:]}
     else:
         row["status"] = "ok"
+        if not exp.keep_checkpoints:  # the row holds what the report reads; a failed run keeps
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # them, to resume
     return row
 
 

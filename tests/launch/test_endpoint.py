@@ -173,3 +173,36 @@ def test_attempts_replaced_by_a_later_row_are_listed_under_the_grid(tmp_path):
     assert "6 of 6 runs (6 ok)" in text
     assert "- method=avspo seed 1: failed after 62 s, 2026-12-02T13:47: exit status 1: " \
            "(LearnerRank) boom" in text  # fmt: skip
+
+
+def test_a_finished_run_leaves_its_rows_and_logs_but_not_its_checkpoints(tmp_path, monkeypatch):
+    """A grid's finished run deletes its checkpoints (SmolLM2: ~8 GB a run filled a disk); a
+    failed one keeps them for its retry to resume; ``keep_checkpoints: true`` keeps them all."""
+    import subprocess
+
+    import launch.experiments.grid as grid
+
+    real = subprocess.run
+
+    def fake_train(argv, **kwargs):  # a "run" that writes its metrics and a checkpoint
+        if "launch.train" not in argv:
+            return real(argv, **kwargs)  # git, for the row's revision
+        run_dir = Path(next(a for a in argv if a.startswith("trainer.run_dir=")).split("=", 1)[1])
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in
+                                                       evals("eval/mean@8")))  # fmt: skip
+        (run_dir / "config.yaml").write_text(EIGHT_OF_FOUR)
+        (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+        failing = "trainer.seed=1" in argv
+        return subprocess.CompletedProcess(argv, 1 if failing else 0)
+
+    monkeypatch.setattr(grid.subprocess, "run", fake_train)
+    exp = load_experiment(str(experiment_file(tmp_path, endpoint="final_mean_at_k")))
+    ok, failed = run_one(exp, exp.cells[0], 0), run_one(exp, exp.cells[0], 1)
+    assert ok["status"] == "ok" and failed["status"] == "failed"
+    assert (exp.run_dir(exp.cells[0], 0) / "metrics.jsonl").exists()
+    assert not (exp.run_dir(exp.cells[0], 0) / "checkpoints").exists()
+    assert (exp.run_dir(exp.cells[0], 1) / "checkpoints" / "step_000002").exists()
+    kept = load_experiment(str(experiment_file(tmp_path, endpoint="final_mean_at_k",
+                                               keep_checkpoints=True)))  # fmt: skip
+    assert run_one(kept, kept.cells[0], 2)["status"] == "ok"
+    assert (kept.run_dir(kept.cells[0], 2) / "checkpoints").exists()
