@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from learner.advantage import AUGMENT, RELEASE_SCOPES, STRATEGIES
+from learner.advantage import AUGMENT, RELEASE_SCOPES
 from learner.estimators import ESTIMATORS
 from learner.logprobs import CHUNK_TOKENS, LOGITS_MODES
 from learner.loss import LossConfig
 from learner.trigger import TriggerConfig
+from learner.virtual_samples import STRATEGIES
 from reward.intrinsic import IntrinsicRewardConfig
 
 

@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PURE = [  # docs/ARCHITECTURE.md section 3: torch and the standard library only
     "learner/advantage.py",
+    "learner/virtual_samples.py",
     "learner/loss.py",
     "learner/trigger.py",
     "learner/config.py",
