@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 from learner.advantage import AUGMENT, RELEASE_SCOPES
 from learner.estimators import ESTIMATORS
-from learner.logprobs import CHUNK_TOKENS, LOGITS_MODES
+from learner.logprobs import LOGITS_MODES
 from learner.loss import LossConfig
+from learner.tempered_logits import CHUNK_TOKENS
 from learner.trigger import TriggerConfig
 from learner.virtual_samples import STRATEGIES
 from reward.intrinsic import IntrinsicRewardConfig
@@ -152,7 +153,7 @@ class LearnerConfig:
     """Share of the free memory the automatic micro-batch budget may fill with activations."""
     shared_prefix: bool = True
     """Compute each distinct prompt of a micro-batch once (a group's n samples share it) and the
-    responses on its KV cache (learner/logprobs.py ``shared_prefix_hidden``): same log-probs
+    responses on its KV cache (learner/shared_prefix.py ``shared_prefix_hidden``): same log-probs
     and gradients to float rounding on ~(P + nR) instead of n(P + R) tokens per group. Off with
     ``gradient_checkpointing`` (transformers drops the cache then), with ``logits=full``, and
     for a model where the shared path does not reproduce the plain one (checked at start)."""

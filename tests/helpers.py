@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from learner.batch import build_batch
-from learner.logprobs import token_logprobs
+from learner.tempered_logits import token_logprobs
 from rollout.types import Group, Sample
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,6 +21,8 @@ PURE = [  # docs/ARCHITECTURE.md section 3: torch and the standard library only
     "learner/config.py",
     "learner/advantage_stage.py",
     "learner/logprobs.py",
+    "learner/tempered_logits.py",
+    "learner/shared_prefix.py",
     "learner/batch.py",
     "learner/update.py",
     "learner/dcpo.py",
