@@ -1,7 +1,8 @@
 """The ``algorithm`` config group's schema: which advantage estimator, AVSPO, trigger and loss.
 
 Plain dataclasses (no Hydra import): ``launch/config.py`` registers them with Hydra's ConfigStore
-and validates field ``metadata`` (``choices``, ``ge``/``gt``/``le``/``lt``) with the key's path.
+and ``launch/validation.py`` validates field ``metadata`` (``choices``, ``ge``/``gt``/``le``/
+``lt``) with the key's path.
 Presets live in ``conf/algorithm/*.yaml``.
 """
 
