@@ -32,6 +32,7 @@ PURE = [  # docs/ARCHITECTURE.md section 3: torch and the standard library only
     "rollout/seeding.py",
     "rollout/types.py",
     "reward/extract.py",
+    "reward/cells.py",
     "reward/intrinsic.py",
 ]
 HEAVY = ("ray", "vllm", "deepspeed", "torch.distributed", "transformers")
