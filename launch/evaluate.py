@@ -14,7 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from launch.config import exit_on_config_error, to_train_config
+from launch.validation import exit_on_config_error, to_train_config
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -1,4 +1,4 @@
-"""Keys of a composed config that its schema lacks (launch/config.py ``to_train_config``).
+"""Keys of a composed config that its schema lacks (launch/validation.py ``to_train_config``).
 
 Hydra rejects an unknown key while composing, except one added with ``+``, which it adds to any
 node: ``+learner.lrr=1e-6`` used to compose, validate and train at the default lr. Here every

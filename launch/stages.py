@@ -14,11 +14,12 @@ from pathlib import Path
 from comm.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
 from comm.hub import ModelRef
 from launch.cluster import actor_resources, init_ray, plan_threads, reserve
-from launch.config import ConfigError, TrainConfig, learner_seed
+from launch.config import TrainConfig, learner_seed
 from launch.models.bootstrap import resolve_model
 from launch.prompts import render
 from launch.resume import check_resumable, resolve_resume
 from launch.sampler import make_sampler
+from launch.validation import ConfigError
 from learner import checkpoint
 from learner.advantage_stage import AdvantageStage
 from reward.actor import VerifierActor

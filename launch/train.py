@@ -19,7 +19,7 @@ from signal import SIGINT, SIGTERM
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from launch.config import exit_on_config_error, to_train_config
+from launch.validation import exit_on_config_error, to_train_config
 
 
 class stop_on_signals(contextlib.AbstractContextManager):
@@ -70,10 +70,10 @@ def main(raw: DictConfig) -> None:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     print(f"run directory: {run_dir}", flush=True)
 
-    from launch.config import ConfigError
     from launch.loop import Trainer
     from launch.resume import CheckpointFailed, Stopped, emergency_note
     from launch.stages import build_stages
+    from launch.validation import ConfigError
 
     resume = " ".join(["python -m launch.train", *sys.argv[1:], "trainer.resume=auto"])
     log = lambda line: print(line, flush=True)  # noqa: E731
@@ -147,8 +147,8 @@ def validate(overrides: list[str], *, data: bool = True) -> list[str]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from launch.config import ConfigError
     from launch.models.bootstrap import check_model_path
+    from launch.validation import ConfigError
     from reward.data import data_paths
     from reward.tasks import data_files, make_task
 

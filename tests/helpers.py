@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from learner.batch import build_batch
-from learner.logprobs import token_logprobs
+from learner.tempered_logits import token_logprobs
 from rollout.types import Group, Sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def load(*overrides: str):
     """The run config composed from conf/ with ``overrides`` (Hydra) and validated."""
     from hydra import compose, initialize_config_dir
 
-    from launch.config import to_train_config
+    from launch.validation import to_train_config
 
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return to_train_config(compose(config_name="config", overrides=list(overrides)))

@@ -102,7 +102,7 @@ def cell_models(exp: Experiment, log=print) -> dict[str, str | None]:
     from hydra import compose, initialize_config_dir
 
     import launch.models.bootstrap as bootstrap
-    from launch.config import COMPOSE_ERRORS, to_train_config
+    from launch.validation import COMPOSE_ERRORS, to_train_config
 
     out, by_spec = {}, {}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     except ExperimentError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from launch.config import ConfigError
+    from launch.validation import ConfigError
 
     try:
         if args.list:

@@ -64,7 +64,7 @@ def local_model(
         RevisionNotFoundError,
     )
 
-    from launch.config import ConfigError
+    from launch.validation import ConfigError
 
     try:
         info = HfApi().model_info(path, revision=revision, timeout=30 if ask_only else None)
@@ -98,7 +98,7 @@ def check_model_path(cfg: ModelConfig) -> None:
     """``--validate``: ``model.path`` names a model folder, or a hub id that is in the hub cache
     or that the hub has (asked, offline never); nothing is downloaded. A ConfigError names the
     key and why."""
-    from launch.config import ConfigError
+    from launch.validation import ConfigError
 
     if cfg.source != "path" or not cfg.path:
         return
@@ -136,7 +136,7 @@ def _cached_snapshot(path: str, revision: str | None, why: Exception) -> ModelRe
     weight format (a download takes the configs, the tokenizer and one format: comm/hub.py)."""
     from huggingface_hub import constants, snapshot_download
 
-    from launch.config import ConfigError
+    from launch.validation import ConfigError
 
     for weights in WEIGHT_FORMATS:
         patterns = [*MODEL_FILES, *weights]
@@ -302,13 +302,13 @@ def shipped_tiny(tiny) -> Path | None:
     ``TinyConfig()`` and ``FAST_TINY``), its files checked against its manifest and its weights
     against the id the code expects; None for any other config (it is built). A missing,
     truncated or replaced file is a ConfigError naming it."""
-    from launch.config import ConfigError
     from launch.models.tiny_model import (
         DEFAULT_WEIGHTS_ID,
         FAST_TINY,
         FAST_TINY_WEIGHTS_ID,
         TinyConfig,
     )
+    from launch.validation import ConfigError
 
     for config, name, expected in (
         (TinyConfig(), "tiny-default", DEFAULT_WEIGHTS_ID),
@@ -351,7 +351,7 @@ def main() -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from launch.config import ConfigError, to_train_config
+    from launch.validation import ConfigError, to_train_config
 
     if "--rebuild" in sys.argv:  # the tiny model built here, not the shipped one
         sys.argv = [a for a in sys.argv if a != "--rebuild"] + ["model.rebuild=true"]

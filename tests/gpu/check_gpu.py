@@ -69,8 +69,8 @@ def prompts(path: str, n: int) -> list[str]:
     from hydra import compose, initialize_config_dir
     from transformers import AutoTokenizer
 
-    from launch.config import to_train_config
     from launch.prompts import render
+    from launch.validation import to_train_config
     from reward.tasks import make_task
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

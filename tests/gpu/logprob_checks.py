@@ -111,7 +111,7 @@ def batched_gap(engine, cfg, batch) -> float:
     """A figure: the engine's own model run on the learner's micro-batches of ``batch`` (its
     split, rows and right padding) against the engine's decode log-probs. Near the learner's
     gap, the gap comes from scoring padded batches, not from the learner's code."""
-    from learner.logprobs import token_logprobs
+    from learner.tempered_logits import token_logprobs
     from learner.update import split_for_ranks
 
     per_rank, _, plans = split_for_ranks(batch, cfg, None)

@@ -11,9 +11,9 @@ import re
 import pytest
 import torch
 
-from launch.config import ConfigError
 from launch.models.bootstrap import MANIFEST, ModelConfig, built_facts, ensure_model, is_complete
 from launch.models.tiny_model import FAST_TINY, TinyConfig, build_tokenizer, sampled_accuracy
+from launch.validation import ConfigError
 from reward.arithmetic import sample_problems
 from tests.helpers import PINNED_IDS, pinned_ids
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from comm.hub import ModelRef, node_folder
-from launch.config import ConfigError
 from launch.models.bootstrap import local_model, pin_revision
 from launch.models.model_config import ModelConfig
+from launch.validation import ConfigError
 from tests.hub_server import FakeHub, hub_env
 
 REPO = "avspo-test/tiny"

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from launch.config import ConfigError
+from launch.validation import ConfigError
 from tests.helpers import ROOT, load
 from tests.hub_server import FakeHub, hub_env
 

@@ -10,9 +10,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from learner.batch import build_batch
 from learner.config import LearnerConfig
-from learner.logprobs import logits_problem, model_logprobs, token_logprobs
+from learner.logprobs import logits_problem, model_logprobs
 from learner.loss import LossConfig
 from learner.policy import load_policy
+from learner.tempered_logits import token_logprobs
 from learner.update import microbatch_loss
 from rollout.types import Group, Sample
 

@@ -9,17 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.advantage import (
-    STRATEGIES,
-    avspo_advantages,
-    grpo_advantages,
-    rloo_advantages,
-    virtual_moments,
-    virtual_rewards,
-)
+from learner.advantage import avspo_advantages, grpo_advantages, rloo_advantages
 from learner.config import AlgorithmConfig
 from learner.estimators import ESTIMATORS, get_estimator
 from learner.trigger import TriggerConfig
+from learner.virtual_samples import STRATEGIES, virtual_moments, virtual_rewards
 from tests.reference import ref_avspo, ref_grpo, ref_rloo
 
 F64 = torch.float64

@@ -9,7 +9,8 @@ import sys
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from launch.config import ConfigError, TrainConfig
+from launch.config import TrainConfig
+from launch.validation import ConfigError
 from tests.helpers import ROOT, load
 
 

@@ -15,11 +15,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PURE = [  # docs/ARCHITECTURE.md section 3: torch and the standard library only
     "learner/advantage.py",
+    "learner/virtual_samples.py",
     "learner/loss.py",
     "learner/trigger.py",
     "learner/config.py",
     "learner/advantage_stage.py",
     "learner/logprobs.py",
+    "learner/tempered_logits.py",
+    "learner/shared_prefix.py",
     "learner/batch.py",
     "learner/update.py",
     "learner/dcpo.py",
@@ -29,6 +32,7 @@ PURE = [  # docs/ARCHITECTURE.md section 3: torch and the standard library only
     "rollout/seeding.py",
     "rollout/types.py",
     "reward/extract.py",
+    "reward/cells.py",
     "reward/intrinsic.py",
 ]
 HEAVY = ("ray", "vllm", "deepspeed", "torch.distributed", "transformers")

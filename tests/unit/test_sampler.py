@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launch.config import ConfigError, TrainConfig, TrainerConfig, to_train_config
+from launch.config import TrainConfig, TrainerConfig
 from launch.loop import Trainer
 from launch.sampler import CollapseAwareSampler, PromptSampler, make_sampler
+from launch.validation import ConfigError, to_train_config
 from reward.tasks import Problem
 from reward.verifiers import Verdict
 from rollout.types import Group, Sample
