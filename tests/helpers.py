@@ -69,6 +69,26 @@ def load(*overrides: str):
         return to_train_config(compose(config_name="config", overrides=list(overrides)))
 
 
+def random_lm(arch: str, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int,
+              vocab: int, **extra):  # fmt: skip
+    """A causal LM of transformers' ``arch`` (``Llama``, ``Qwen2``, ``Gemma2``) with random
+    weights (seed 0), built from its config: no download. ``extra``: any other config field.
+
+    >>> random_lm("Llama", 1, 16, 32, 2, 2, 50).num_parameters()
+    4208
+
+    (embeddings and head 2 x 50 x 16, attention 4 x 16 x 16, MLP 3 x 16 x 32, norms 3 x 16)
+    """
+    import transformers
+
+    config = getattr(transformers, f"{arch}Config")(
+        num_hidden_layers=layers, hidden_size=hidden, intermediate_size=intermediate,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab, **extra,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return getattr(transformers, f"{arch}ForCausalLM")(config).float()
+
+
 def kill_and_wait(actor, timeout_s: float = 60.0) -> None:
     """``ray.kill`` and wait until the actor is gone. ``ray.kill`` is asynchronous: a call made
     right after it may still be answered by the live actor (a liveness check then passes and the
