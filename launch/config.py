@@ -55,7 +55,7 @@ class TrainerConfig:
     prompt_sampler: str = field(default="uniform", metadata={"choices": SAMPLERS})
     """How prompts are drawn (launch/sampler.py). ``uniform``: seeded passes over the train
     split, each prompt once per pass. ``collapse_aware``: weighted draws without replacement,
-    weight ``max(sampler_floor, p ** (1 / sampler_temperature))`` with p the Beta-posterior mean
+    weight ``max(sampler_floor, p ** sampler_exponent)`` with p the Beta-posterior mean
     chance that the prompt's group is mixed (not collapsed), from its discounted history: prompts
     that were always or never solved are drawn less (GRESO's idea, arXiv 2506.02177), with no
     extra rollouts. The ``sampler_*`` keys act only with ``collapse_aware``."""
@@ -65,9 +65,10 @@ class TrainerConfig:
     sampler_floor: float = field(default=0.05, metadata={"gt": 0.0, "le": 1.0})
     """Least weight of any prompt (weights are in [floor, 1]): each draw picks a prompt with
     probability >= floor / train prompts, so none is starved."""
-    sampler_temperature: float = field(default=1.0, metadata={"gt": 0.0})
-    """The weight is p ** (1 / temperature): below 1 sharpens the preference for mixed prompts,
-    large values make the draw uniform."""
+    sampler_exponent: float = field(default=1.0, metadata={"gt": 0.0})
+    """The weight is p ** exponent: above 1 sharpens the preference for mixed prompts, towards 0
+    the draw becomes uniform. (Called ``sampler_temperature`` = 1 / exponent before 2026-12-05;
+    the old key is refused with a message naming this one.)"""
     sampler_decay: float = field(default=0.99, metadata={"gt": 0.0, "le": 1.0})
     """Per-step discount of a prompt's collapse counts (1 = never forget; 0.99 halves evidence in
     ~69 steps), so a prompt judged under an older policy drifts back to the prior."""

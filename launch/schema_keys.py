@@ -13,6 +13,22 @@ import typing
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+# Keys that were renamed: the old name -> what to write instead (refused by name, not as a typo)
+RENAMED = {"trainer.sampler_temperature": "trainer.sampler_exponent = 1 / the old value"}
+
+
+def renamed(key: str) -> str | None:
+    """The message for a renamed key (``+`` and ``~`` prefixes ignored), else None.
+
+    >>> renamed("+trainer.sampler_temperature")
+    'trainer.sampler_temperature was renamed: write trainer.sampler_exponent = 1 / the old value'
+
+    >>> renamed("trainer.sampler_exponent") is None
+    True
+    """
+    key = key.lstrip("+~")
+    return f"{key} was renamed: write {RENAMED[key]}" if key in RENAMED else None
+
 
 def _schema_of(hint: Any) -> Any:
     """``X | None`` -> X."""

@@ -148,12 +148,16 @@ def validate(overrides: list[str], *, data: bool = True) -> list[str]:
     from omegaconf.errors import OmegaConfBaseException
 
     from launch.models.bootstrap import check_model_path
+    from launch.schema_keys import renamed
     from launch.validation import ConfigError
     from reward.data import data_paths
     from reward.tasks import data_files, make_task
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     with exit_on_config_error():
+        for override in overrides:  # before Hydra, whose error would not name the new key
+            if renamed(override.split("=", 1)[0]):
+                raise ConfigError(renamed(override.split("=", 1)[0]))
         try:
             with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
                 cfg = to_train_config(compose("config", overrides=overrides))

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launch.config import TrainConfig
-from launch.schema_keys import unknown_keys
+from launch.schema_keys import renamed, unknown_keys
 
 
 class ConfigError(ValueError):
@@ -85,6 +85,9 @@ def validate(node: Any, path: str = "") -> None:
 def to_train_config(cfg: DictConfig) -> TrainConfig:
     """Hydra's composed config -> a validated :class:`TrainConfig`."""
     unknown = unknown_keys(OmegaConf.to_container(cfg, resolve=False), TrainConfig)
+    for where, _ in unknown:
+        if renamed(where):
+            raise ConfigError(renamed(where))
     if unknown:
         where, close = unknown[0]
         parent, _, key = where.rpartition(".")
