@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from diagnostics.acr import CollapseStats, collapse_stats
-from diagnostics.groups import segment_sum
+from comm.collapse import CollapseStats, collapse_stats
+from comm.groups import segment_sum
 from learner.virtual_samples import STRATEGIES, union_moments, virtual_counts, virtual_moments
 
 AUGMENT = ("both", "incorrect", "correct")  # which collapsed groups AVSPO may augment

@@ -42,7 +42,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from diagnostics.acr import ACRMonitor, MonitorConfig, collapse_stats, verifier_metrics
+from comm.collapse import collapse_stats
+from diagnostics.acr import ACRMonitor, MonitorConfig, verifier_metrics
 from learner.advantage import AdvantageResult
 from learner.batch import TrainBatch, build_batch
 from learner.config import AlgorithmConfig

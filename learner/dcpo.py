@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from diagnostics.acr import collapse_stats
+from comm.collapse import collapse_stats
 from learner.advantage import (
     AdvantageResult,
     apply_advantages,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from diagnostics.acr import collapse_stats
+from comm.collapse import collapse_stats
 
 POLICIES = ("adaptive", "fixed", "always", "never")
 
