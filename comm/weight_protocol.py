@@ -140,7 +140,22 @@ def _header(
     return torch.tensor([version, len(buckets), total], dtype=torch.int64, device=device)
 
 
-class Sender:
+class Member:
+    """One end of the sync group (:class:`Sender` or :class:`Receiver`)."""
+
+    group: object
+
+    def close(self) -> None:
+        """Abort this end's process group now, before a rebuilt group replaces it: NCCL frees
+        its communicator and fails any collective still waiting on a dead peer, instead of
+        leaving both to a destructor that runs late or hangs; gloo's abort is a no-op. Closing
+        twice is harmless."""
+        if self.group is not None:
+            self.group.abort()
+            self.group = None
+
+
+class Sender(Member):
     """Learner rank 0's end: :meth:`send_header`, then :meth:`send_bucket` for each bucket in
     order (the learner gathers a bucket's ZeRO-3 shards around each call)."""
 
@@ -159,7 +174,7 @@ class Sender:
         return flat.numel() * flat.element_size()
 
 
-class Receiver:
+class Receiver(Member):
     """An engine worker's end."""
 
     def __init__(self, group, store, specs: list[TensorSpec], bucket_bytes: int, backend: str):

@@ -183,7 +183,8 @@ def _latest_checkpoint(path: Path) -> Path | None:
 # --- values ----------------------------------------------------------------------------------
 
 
-def _read(path: Path) -> bytes:
+def read_bytes(path: Path) -> bytes:
+    """``path``'s bytes, or :class:`RunDataError` naming it (the run directory's files too)."""
     try:
         return path.read_bytes()
     except OSError as err:
@@ -248,7 +249,7 @@ def read_trl(path: Path) -> ExternalRun:
     file, origin, run_dir = _trl_file(path)
     if file is None:
         raise RunDataError(f"{path}: no {TRL_STATE} (nor checkpoint-N/{TRL_STATE})")
-    state = _json(_read(file), str(file), "JSON")
+    state = _json(read_bytes(file), str(file), "JSON")
     history = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(history, list):
         raise RunDataError(f"{file}: expected a JSON object with a 'log_history' list (TRL)")
@@ -315,7 +316,7 @@ def read_verl(file: Path) -> ExternalRun:
     rows: dict[int, dict[str, float]] = {}
     val: dict[int, dict[str, dict[str, tuple[int, float]]]] = {}  # step -> var -> source
     acr_keys: set[str] = set()
-    for lineno, raw in enumerate(_read(file).splitlines(), start=1):
+    for lineno, raw in enumerate(read_bytes(file).splitlines(), start=1):
         if not raw.strip():
             continue
         where = f"{file}:{lineno}"

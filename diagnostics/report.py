@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from diagnostics.external import ExternalRun, RunDataError, find_format, load_external
+from diagnostics.external import ExternalRun, RunDataError, find_format, load_external, read_bytes
 from diagnostics.plots import PLOTS, plot_cross, plot_run
 from diagnostics.runs import Run
 from diagnostics.stats import PAPER_INTERCEPT, PAPER_LINE, PAPER_SLOPE, fit_line
@@ -62,20 +62,13 @@ def _load_metrics(path: Path) -> dict[int, dict[str, float]]:
             "trainer_state.json, a directory holding one, or a verl file-logger .jsonl)"
         )
     rows: dict[int, dict[str, float]] = {}
-    for lineno, raw in enumerate(_read(path).splitlines(), start=1):
+    for lineno, raw in enumerate(read_bytes(path).splitlines(), start=1):
         if raw.strip():
             step, metrics = _parse_row(raw, f"{path}:{lineno}")
             rows[step] = metrics  # a resumed run repeats steps: the last row wins
     if not rows:
         raise RunDataError(f"{path}: no metric rows")
     return dict(sorted(rows.items()))
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as err:
-        raise RunDataError(f"{path}: cannot read ({err.strerror or err})") from None
 
 
 def _parse_row(raw: bytes, where: str) -> tuple[int, dict[str, float]]:
@@ -110,7 +103,7 @@ def _load_config(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(_read(path).decode("utf-8"))
+        data = yaml.safe_load(read_bytes(path).decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise RunDataError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
     if data is not None and not isinstance(data, dict):
@@ -123,7 +116,7 @@ def _load_prompts(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(_read(path))
+        data = json.loads(read_bytes(path))
     except ValueError as err:
         raise RunDataError(f"{path}: not valid JSON ({getattr(err, 'msg', err)})") from None
     prompts = data.get("prompts", {}) if isinstance(data, dict) else None
@@ -231,7 +224,7 @@ def _verifier_lines(run: Run) -> list[str]:
     path = run.path / "verifier_health.json"
     if isinstance(run, ExternalRun) or not path.is_file():
         return []
-    h = json.loads(_read(path))
+    h = json.loads(read_bytes(path))
     errors = ", ".join(f"{c} {n}" for c, n in h["errors"].items()) or "none"
     lines = ["## Verifier", "", f"Restarts {h['restarts']}; errors by class: {errors}."]
     if h["alert_steps"]:

@@ -1,7 +1,7 @@
-"""Small-sample statistics for comparing runs over seeds (launch/aggregate.py): mean, standard
-deviation and a Student-t 95% confidence interval per cell, paired differences per seed against
-a baseline with their t-test p-values, the Holm adjustment over a family of comparisons, a fitted
-line's 95% confidence band, and the R^2 one predictor adds to another.
+"""Small-sample statistics for comparing runs over seeds (launch/experiments/aggregate.py): mean,
+standard deviation and a Student-t 95% confidence interval per cell, paired differences per seed
+against a baseline with their t-test p-values, the Holm adjustment over a family of comparisons, a
+fitted line's 95% confidence band, and the R^2 one predictor adds to another.
 
 The quantiles, tests and regressions come from scipy.stats and statsmodels, not from formulas
 written here; what is written here is only which of them a figure uses. Both are imported where

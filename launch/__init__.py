@@ -1,1 +1,1 @@
-"""Hydra entry points (train, evaluate, analyze, submit) and the config schema."""
+"""The run: Hydra entry points (train, evaluate, analyze, submit), its config schema and stages."""

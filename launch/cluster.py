@@ -147,7 +147,7 @@ def init_ray(cfg: TrainConfig) -> None:
         problem = beyond_loopback(ray_addresses())
         if problem:
             ray.shutdown()
-            from launch.config import ConfigError
+            from launch.validation import ConfigError
 
             raise ConfigError(f"cluster.listen: loopback, but {problem} (this Ray ignores "
                               f"{', '.join(LOOPBACK_ENV)}); use cluster.listen=node behind a "

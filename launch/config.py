@@ -1,60 +1,27 @@
-"""The whole run's config schema, its Hydra registration and its validation.
+"""The whole run's config schema and its Hydra registration.
 
 Dataclasses are the schema (one source of truth); ``conf/**/*.yaml`` hold presets. Hydra rejects
 an unknown key or a value of the wrong type while composing, naming the key's full path; a key
 added with ``+`` (which Hydra accepts anywhere) is checked against the schema too
 (launch/schema_keys.py: only free-form maps such as ``task.gym_config`` take new keys).
-:func:`validate` then checks values (``field(metadata=...)``: ``choices``, ``ge``, ``gt``,
-``le``, ``lt``, and a dataclass's own ``check()``), again naming the path, before any actor
-starts.
+``validate`` (launch/validation.py) then checks values (``field(metadata=...)``: ``choices``,
+``ge``, ``gt``, ``le``, ``lt``, and a dataclass's own ``check()``), again naming the path, before
+any actor starts.
 """
 
 from __future__ import annotations
 
-import contextlib
-import operator
-import sys
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
-from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from diagnostics.acr import MonitorConfig
-from launch.model_config import ModelConfig
+from launch.models.model_config import ModelConfig
 from launch.sampler import SAMPLERS
-from launch.schema_keys import unknown_keys
 from learner.config import AlgorithmConfig, LearnerConfig, minibatch_problem
 from reward.pool import PoolConfig
 from reward.tasks import TaskConfig
 from rollout.config import RolloutConfig
-
-
-class ConfigError(ValueError):
-    """A config value is invalid; the message starts with the key's path."""
-
-
-# What composing and validating a config can raise for a bad config (not a bug): Hydra's errors
-# (unknown preset, bad override), OmegaConf's (unknown key, wrong type) and ours.
-COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, ConfigError)
-
-
-@contextlib.contextmanager
-def exit_on_config_error():
-    """The entry points' contract: a :class:`ConfigError` or a data error (reward/tasks.py
-    DataError) becomes one line on stderr and exit status 2 (no traceback)."""
-    from reward.tasks import DataError
-
-    try:
-        yield
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except DataError as err:  # the file, the row, the reason: before any actor starts
-        print(f"data error: {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 @dataclass
@@ -88,7 +55,7 @@ class TrainerConfig:
     prompt_sampler: str = field(default="uniform", metadata={"choices": SAMPLERS})
     """How prompts are drawn (launch/sampler.py). ``uniform``: seeded passes over the train
     split, each prompt once per pass. ``collapse_aware``: weighted draws without replacement,
-    weight ``max(sampler_floor, p ** (1 / sampler_temperature))`` with p the Beta-posterior mean
+    weight ``max(sampler_floor, p ** sampler_exponent)`` with p the Beta-posterior mean
     chance that the prompt's group is mixed (not collapsed), from its discounted history: prompts
     that were always or never solved are drawn less (GRESO's idea, arXiv 2506.02177), with no
     extra rollouts. The ``sampler_*`` keys act only with ``collapse_aware``."""
@@ -98,9 +65,10 @@ class TrainerConfig:
     sampler_floor: float = field(default=0.05, metadata={"gt": 0.0, "le": 1.0})
     """Least weight of any prompt (weights are in [floor, 1]): each draw picks a prompt with
     probability >= floor / train prompts, so none is starved."""
-    sampler_temperature: float = field(default=1.0, metadata={"gt": 0.0})
-    """The weight is p ** (1 / temperature): below 1 sharpens the preference for mixed prompts,
-    large values make the draw uniform."""
+    sampler_exponent: float = field(default=1.0, metadata={"gt": 0.0})
+    """The weight is p ** exponent: above 1 sharpens the preference for mixed prompts, towards 0
+    the draw becomes uniform. (Called ``sampler_temperature`` = 1 / exponent before 2026-12-05;
+    the old key is refused with a message naming this one.)"""
     sampler_decay: float = field(default=0.99, metadata={"gt": 0.0, "le": 1.0})
     """Per-step discount of a prompt's collapse counts (1 = never forget; 0.99 halves evidence in
     ~69 steps), so a prompt judged under an older policy drifts back to the prior."""
@@ -388,14 +356,6 @@ def _weight_sync_problem(cfg: TrainConfig) -> str | None:
     return None
 
 
-_BOUNDS = (
-    ("ge", operator.ge, ">="),
-    ("gt", operator.gt, ">"),
-    ("le", operator.le, "<="),
-    ("lt", operator.lt, "<"),
-)
-
-
 def learner_seed(cfg: TrainConfig) -> int:
     """``learner.seed``, or one derived from ``trainer.seed`` when it is null."""
     from rollout.seeding import derive_seed
@@ -403,57 +363,6 @@ def learner_seed(cfg: TrainConfig) -> int:
     if cfg.learner.seed is not None:
         return cfg.learner.seed
     return derive_seed(cfg.trainer.seed, "learner")
-
-
-def validate(node: Any, path: str = "") -> None:
-    """Check every field of a dataclass tree against its metadata; raise :class:`ConfigError`."""
-    for f in fields(node):
-        key = f"{path}.{f.name}" if path else f.name
-        value = getattr(node, f.name)
-        if is_dataclass(value):
-            validate(value, key)
-            continue
-        if isinstance(value, dict):
-            for name, item in value.items():
-                if is_dataclass(item):
-                    validate(item, f"{key}.{name}")
-        if value is None:
-            continue
-        meta = f.metadata
-        choices = meta.get("choices")
-        if callable(choices):
-            choices = choices()
-        if choices is not None and value not in choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
-        for name, holds, word in _BOUNDS:
-            if name in meta and not holds(value, meta[name]):
-                raise ConfigError(f"{key}: must be {word} {meta[name]}, got {value!r}")
-    check = getattr(node, "check", None)
-    if callable(check):
-        problem = check()
-        if problem:
-            head = problem.split(":", 1)[0].split(".", 1)[0]
-            if path and head in {f.name for f in fields(node)}:  # "sampling.n: ..." -> full key
-                raise ConfigError(f"{path}.{problem}")
-            raise ConfigError(f"{path or '<root>'}: {problem}")
-
-
-def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Hydra's composed config -> a validated :class:`TrainConfig`."""
-    unknown = unknown_keys(OmegaConf.to_container(cfg, resolve=False), TrainConfig)
-    if unknown:
-        where, close = unknown[0]
-        parent, _, key = where.rpartition(".")
-        hint = f" (did you mean {parent + '.' if parent else ''}{close}?)" if close else ""
-        raise ConfigError(f"{where}: unknown key {key!r}, not in the schema{hint}")
-    try:
-        obj = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as err:  # a missing mandatory value (???), ...
-        raise ConfigError(str(err).splitlines()[0]) from None
-    if not isinstance(obj, TrainConfig):
-        raise ConfigError(f"<root>: expected a TrainConfig, got {type(obj).__name__}")
-    validate(obj)
-    return obj
 
 
 def register_configs() -> None:

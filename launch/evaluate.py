@@ -2,7 +2,7 @@
 pass@1, pass@k) of a model or a checkpoint (``trainer.resume=<checkpoint folder>``), as JSON on
 stdout. The sampled pass@k uses the seed the training run used at that checkpoint's step. A
 test-only task (e.g. ``task=math500 task.test_file=...``) needs no train split, and
-``trainer.eval_tasks`` evaluates several tasks at once (launch/loop.py ``evaluate_held_out``)."""
+``trainer.eval_tasks`` evaluates several tasks at once (launch/heldout.py ``evaluate_held_out``)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from launch.config import exit_on_config_error, to_train_config
+from launch.validation import exit_on_config_error, to_train_config
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(raw: DictConfig) -> None:
     with exit_on_config_error():
         cfg = to_train_config(raw)
-    from launch.loop import evaluate_held_out
+    from launch.heldout import evaluate_held_out
     from launch.resume import checkpoint_step
     from launch.stages import build_stages
 

@@ -10,11 +10,19 @@ share of problems with at least one correct sample.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from reward.tasks import Problem
+from rollout.seeding import derive_seed
 from rollout.types import Group, SamplingConfig, SamplingSettings
+
+if TYPE_CHECKING:
+    from launch.config import TrainConfig
+    from launch.stages import Stages
+    from reward.tasks import Task, TaskConfig
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -71,4 +79,50 @@ def evaluate(
         correct = [sum(solved[i * n : (i + 1) * n]) for i in range(len(problems))]
         out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
         out[f"eval/mean@{n}"] = sum(solved) / len(solved)
+    return out
+
+
+def evaluate_held_out(
+    cfg: TrainConfig, stages: Stages, step: int, phase: Callable[[str], None] | None = None
+) -> dict[str, float]:
+    """Held-out evaluation of every eval set (launch/heldout.py); with ``trainer.eval_tasks``,
+    per-task metrics ``eval/<task>/...`` and their averages as ``eval/...``. ``phase`` is told
+    which pass of which set runs (the console's progress)."""
+    t = cfg.trainer
+    sampling = cfg.rollout.sampling
+    if t.eval_max_new_tokens:
+        sampling = dataclasses.replace(sampling, max_new_tokens=t.eval_max_new_tokens)
+
+    def verifier(task: Task, task_cfg: TaskConfig):
+        return lambda groups, problems: stages.verifier.verify(
+            groups, problems, task, task_cfg.truncated
+        )
+
+    def progress(i: int, name: str | None):
+        if phase is None:
+            return None
+        m = len(stages.eval_sets)
+        where = f"evaluation {i}/{m} ({name})" if m > 1 else "evaluation"
+        return lambda text: phase(f"{where}: {text}")
+
+    per_set = {
+        name: evaluate(
+            stages.rollout.generate,
+            verifier(task, task_cfg),
+            task.test,
+            sampling,
+            k=t.eval_pass_k,
+            n=t.eval_samples,
+            temperature=t.eval_temperature,
+            seed=derive_seed(t.seed, "eval", step),
+            solved_at=task.reward_range[1],
+            phase=progress(i, name),
+        )
+        for i, (name, (task, task_cfg)) in enumerate(stages.eval_sets.items(), 1)
+    }
+    if list(per_set) == [None]:
+        return per_set[None]
+    out = {k.replace("eval/", f"eval/{n}/"): v for n, m in per_set.items() for k, v in m.items()}
+    for key in per_set[next(iter(per_set))]:  # the same keys for every set
+        out[key] = sum(m[key] for m in per_set.values()) / len(per_set)
     return out

@@ -39,16 +39,17 @@ from diagnostics.sinks import (
     wandb_mode,
 )
 from launch.config import TrainConfig
-from launch.heldout import evaluate
+from launch.heldout import evaluate_held_out
 from launch.resume import CheckpointFailed, Stopped, fingerprint, truncate_metrics
 from launch.sampler import mixed_token_share
 from launch.stages import Stages
+from launch.step_metrics import step_metrics
 from learner import checkpoint
 from learner.advantage_stage import dapo_selection, group_faults, informative_groups
 from learner.batch import build_batch
 from reward.health import VerifierHealth
 from reward.intrinsic import mix_rewards
-from reward.tasks import Problem, Task, TaskConfig
+from reward.tasks import Problem
 from reward.verifiers import Verdict
 from rollout.seeding import derive_seed
 from rollout.types import Group, Sample
@@ -89,52 +90,6 @@ class Rollouts:
             list(state["trained"]),
             dict(state["metrics"]),
         )
-
-
-def evaluate_held_out(
-    cfg: TrainConfig, stages: Stages, step: int, phase: Callable[[str], None] | None = None
-) -> dict[str, float]:
-    """Held-out evaluation of every eval set (launch/heldout.py); with ``trainer.eval_tasks``,
-    per-task metrics ``eval/<task>/...`` and their averages as ``eval/...``. ``phase`` is told
-    which pass of which set runs (the console's progress)."""
-    t = cfg.trainer
-    sampling = cfg.rollout.sampling
-    if t.eval_max_new_tokens:
-        sampling = dataclasses.replace(sampling, max_new_tokens=t.eval_max_new_tokens)
-
-    def verifier(task: Task, task_cfg: TaskConfig):
-        return lambda groups, problems: stages.verifier.verify(
-            groups, problems, task, task_cfg.truncated
-        )
-
-    def progress(i: int, name: str | None):
-        if phase is None:
-            return None
-        m = len(stages.eval_sets)
-        where = f"evaluation {i}/{m} ({name})" if m > 1 else "evaluation"
-        return lambda text: phase(f"{where}: {text}")
-
-    per_set = {
-        name: evaluate(
-            stages.rollout.generate,
-            verifier(task, task_cfg),
-            task.test,
-            sampling,
-            k=t.eval_pass_k,
-            n=t.eval_samples,
-            temperature=t.eval_temperature,
-            seed=derive_seed(t.seed, "eval", step),
-            solved_at=task.reward_range[1],
-            phase=progress(i, name),
-        )
-        for i, (name, (task, task_cfg)) in enumerate(stages.eval_sets.items(), 1)
-    }
-    if list(per_set) == [None]:
-        return per_set[None]
-    out = {k.replace("eval/", f"eval/{n}/"): v for n, m in per_set.items() for k, v in m.items()}
-    for key in per_set[next(iter(per_set))]:  # the same keys for every set
-        out[key] = sum(m[key] for m in per_set.values()) / len(per_set)
-    return out
 
 
 class PhaseTimer:
@@ -238,7 +193,7 @@ class Trainer:
         scores = torch.tensor([float(v.score) for v in r.verdicts])
         entropy = certainty = torch.zeros_like(scores)
         if mix.intrinsic:
-            scored = build_batch(r.groups, torch.zeros_like(scores), pad_id=self.stage.pad_id)
+            scored = build_batch(r.groups, torch.zeros_like(scores), pad_id=self.stages.pad_id)
             both = self.learner.intrinsic(scored)
             entropy, certainty = both[:, 0], both[:, 1]
         rewards = mix_rewards(scores, entropy, certainty, mix).tolist()
@@ -287,24 +242,9 @@ class Trainer:
         with timer("weight_sync"):  # learner rank 0 -> every engine, never via the driver
             self.weights.after_update(step)
         total = time.perf_counter() - t0
-        tokens = sum(len(s.response_ids) for g in r.groups for s in g.samples)
-        metrics |= r.metrics | {f"timing_s/{k}": v for k, v in timer.seconds.items()}
-        metrics |= {
-            "perf/generated_tokens_per_s": tokens / max(r.metrics["timing_s/generate"], 1e-9),
-            "rollout/generated_tokens": float(tokens),  # every round (DAPO), trained or not
-            "timing_s/step": total,
-        }
-        stages = ("generate", "verify", "advantage", "learner", "weight_sync", "prefetch_wait")
-        if not prefetched and prefetch is None:  # everything ran in this step's time
-            metrics["timing_s/other"] = total - sum(metrics[f"timing_s/{k}"] for k in stages)
         rolled = self.pending.metrics if prefetch is not None else r.metrics  # done this step
-        busy = rolled["timing_s/generate"] + rolled["timing_s/verify"]
-        metrics["perf/rollout_idle_frac"] = max(0.0, 1.0 - busy / total)
-        metrics["perf/learner_idle_frac"] = max(0.0, 1.0 - timer.seconds["learner"] / total)
-        # the learner holds version step - 1 when it trains step t: how far behind each sample is
-        lag = [step - 1 - s.policy_version for g in r.groups for s in g.samples]
-        metrics["rollout/policy_lag"] = sum(lag) / len(lag)
-        metrics["rollout/policy_lag_max"] = float(max(lag))
+        serial = not prefetched and prefetch is None  # every phase ran in this step's time
+        metrics |= step_metrics(step, r.metrics, r.groups, timer.seconds, total, rolled, serial)
         return metrics | self.verifier_health(step, metrics) | self.stages.fault_metrics()
 
     def verifier_health(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
@@ -439,10 +379,7 @@ class Trainer:
         return step
 
     def write_outputs(self) -> None:
-        history = {
-            "summary": self.stage.monitor.prompt_summary(),
-            "prompts": self.stage.monitor.prompt_history,
-        }
+        history = self.stage.prompt_history()
         (self.run_dir / "prompt_history.json").write_text(json.dumps(history))
         (self.run_dir / "verifier_health.json").write_text(json.dumps(self.health.summary()))
         if self.cfg.logger.report:

@@ -9,7 +9,8 @@ import json
 import time
 from pathlib import Path
 
-from launch.config import ConfigError, TrainConfig
+from launch.config import TrainConfig
+from launch.validation import ConfigError
 from learner import checkpoint
 from reward.tasks import Task
 

@@ -25,11 +25,11 @@ prompt unseen for long drifts back to the prior, so it is tried again). Its esti
 mixed group is the mean of the Beta(m_i + a, c_i + a) posterior, its weight floored::
 
     p_i = (m_i' + a) / (m_i' + c_i' + 2 a),   m_i' = gamma ** (t - t_i) * m_i (c_i' likewise)
-    w_i = max(f, p_i ** (1 / T))
+    w_i = max(f, p_i ** e)
 
 with a = ``trainer.sampler_prior`` (an unseen prompt has p = 1/2: above a prompt seen collapsed,
-so unseen prompts are tried early), f = ``trainer.sampler_floor``, T =
-``trainer.sampler_temperature`` (T < 1 sharpens the preference, T -> inf makes it uniform). A
+so unseen prompts are tried early), f = ``trainer.sampler_floor``, e =
+``trainer.sampler_exponent`` (e > 1 sharpens the preference, e -> 0 makes it uniform). A
 round draws k prompts without replacement with probabilities proportional to w (Efraimidis and
 Spirakis: key_i = log(u_i) / w_i, u_i ~ U(0, 1] from the sampler's ``random.Random``, the k
 largest keys, in key order = sequential weighted draws). Prompts drawn since the last update
@@ -50,7 +50,7 @@ Shared by both samplers: ``next(k)``, ``update(keys, collapsed)`` (a no-op for u
 
 >>> from reward.tasks import Problem
 >>> ps = [Problem(f"u{i}", f"q{i}", f"p{i}", str(i)) for i in range(4)]
->>> s = CollapseAwareSampler(ps, seed=0, prior=1.0, floor=0.05, temperature=1.0, decay=1.0)
+>>> s = CollapseAwareSampler(ps, seed=0, prior=1.0, floor=0.05, exponent=1.0, decay=1.0)
 >>> s.update(["u0", "u1", "u2"], [True, True, False])  # u0, u1 collapsed once, u2 mixed
 >>> [round(s.weight(p.uid), 4) for p in ps]  # (0 + 1) / (1 + 2), (1 + 1) / (1 + 2), unseen 1/2
 [0.3333, 0.3333, 0.6667, 0.5]
@@ -109,11 +109,11 @@ class CollapseAwareSampler:
         *,
         prior: float,
         floor: float,
-        temperature: float,
+        exponent: float,
         decay: float,
     ):
         self.problems, self.rng = problems, random.Random(seed)
-        self.prior, self.floor, self.temperature, self.decay = prior, floor, temperature, decay
+        self.prior, self.floor, self.exponent, self.decay = prior, floor, exponent, decay
         self.step = 0  # updates so far
         self.stats: dict[str, list[float]] = {}  # uid -> [m, c, step of the last update]
         self.drawn: list[int] = []  # indices drawn since the last update (this step's rounds)
@@ -125,8 +125,8 @@ class CollapseAwareSampler:
         return (age * m + self.prior) / (age * (m + c) + 2 * self.prior)
 
     def weight(self, uid: str) -> float:
-        """w = max(floor, p ** (1 / temperature)), in [floor, 1]."""
-        return max(self.floor, self.estimate(uid) ** (1.0 / self.temperature))
+        """w = max(floor, p ** exponent), in [floor, 1]."""
+        return max(self.floor, self.estimate(uid) ** self.exponent)
 
     def next(self, k: int) -> list[Problem]:
         if not self.problems:
@@ -197,7 +197,7 @@ def make_sampler(problems: list[Problem], trainer) -> PromptSampler | CollapseAw
             trainer.seed,
             prior=trainer.sampler_prior,
             floor=trainer.sampler_floor,
-            temperature=trainer.sampler_temperature,
+            exponent=trainer.sampler_exponent,
             decay=trainer.sampler_decay,
         )
     raise ValueError(f"trainer.prompt_sampler: {trainer.prompt_sampler!r} is not one of {SAMPLERS}")

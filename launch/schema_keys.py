@@ -1,4 +1,4 @@
-"""Keys of a composed config that its schema lacks (launch/config.py ``to_train_config``).
+"""Keys of a composed config that its schema lacks (launch/validation.py ``to_train_config``).
 
 Hydra rejects an unknown key while composing, except one added with ``+``, which it adds to any
 node: ``+learner.lrr=1e-6`` used to compose, validate and train at the default lr. Here every
@@ -12,6 +12,22 @@ import types
 import typing
 from dataclasses import fields, is_dataclass
 from typing import Any
+
+# Keys that were renamed: the old name -> what to write instead (refused by name, not as a typo)
+RENAMED = {"trainer.sampler_temperature": "trainer.sampler_exponent = 1 / the old value"}
+
+
+def renamed(key: str) -> str | None:
+    """The message for a renamed key (``+`` and ``~`` prefixes ignored), else None.
+
+    >>> renamed("+trainer.sampler_temperature")
+    'trainer.sampler_temperature was renamed: write trainer.sampler_exponent = 1 / the old value'
+
+    >>> renamed("trainer.sampler_exponent") is None
+    True
+    """
+    key = key.lstrip("+~")
+    return f"{key} was renamed: write {RENAMED[key]}" if key in RENAMED else None
 
 
 def _schema_of(hint: Any) -> Any:

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from comm.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
 from comm.hub import ModelRef
-from launch.bootstrap import resolve_model
 from launch.cluster import actor_resources, init_ray, plan_threads, reserve
-from launch.config import ConfigError, TrainConfig, learner_seed
+from launch.config import TrainConfig, learner_seed
+from launch.models.bootstrap import resolve_model
 from launch.prompts import render
 from launch.resume import check_resumable, resolve_resume
 from launch.sampler import make_sampler
+from launch.validation import ConfigError
 from learner import checkpoint
 from learner.advantage_stage import AdvantageStage
 from reward.actor import VerifierActor
@@ -105,6 +106,7 @@ class Stages:
     weights: WeightSync | None
     placement: dict
     over_long_prompts: int = 0  # training prompts dropped as over the context (fit_context)
+    pad_id: int = 0  # the tokenizer's, for batches the driver builds (intrinsic scoring)
 
     def fault_metrics(self) -> dict[str, float]:
         """Cumulative counts of the run's recovered faults (``fault/...``), and the training
@@ -149,12 +151,13 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
     if train and resume_from is not None:
         check_resumable(cfg, task, resume_from)
     sampling = cfg.rollout.sampling
+    pad_id = tokenizer.pad_token_id or 0
     stage = AdvantageStage(
         cfg.algorithm,
         reward_range=task.reward_range,
         seed=learner_seed(cfg),
         monitor=cfg.acr,
-        pad_id=tokenizer.pad_token_id or 0,
+        pad_id=pad_id,
         max_response_len=sampling.max_new_tokens,
     )
     init_ray(cfg)
@@ -165,7 +168,7 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
     verifier = Verifier(cfg, placement["verifier"], log)
     return Stages(
         task, eval_sets, model_path, resume_from, stage, make_sampler(task.train, cfg.trainer),
-        rollout, verifier, learner, weights, placement, over_long,
+        rollout, verifier, learner, weights, placement, over_long, pad_id,
     )  # fmt: skip
 
 
@@ -199,6 +202,12 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
             f"colocated: generation on {threads.rollout} threads per engine, the update on "
             f"{threads.learner} per rank"
         )
+    weights: WeightSync | None = None  # made once the learner is up
+
+    def restore(worker: int) -> None:  # before the first sync an engine holds the initial model
+        if weights is not None:
+            weights.restore(worker)
+
     rollout = RolloutGroup(
         cfg.rollout,
         model,
@@ -209,6 +218,7 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
         threads=threads.rollout,
         cpus=threads.rollout_cpus,
         sleep_mode=cfg.cluster.colocate,
+        on_restart=restore,
     )
     if not train:
         log(f"engines: {', '.join(rollout.wait_ready())}")  # e.g. "HFEngine on cuda"
@@ -230,7 +240,8 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
         engines_first=sleeps,
     )
     log(f"engines: {', '.join(rollout.engines)}")
-    return rollout, learner, WeightSync(rollout, learner, sleeps=sleeps)
+    weights = WeightSync(rollout, learner, sleeps=sleeps)
+    return rollout, learner, weights
 
 
 def engines_sleep(cfg: TrainConfig) -> bool:

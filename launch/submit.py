@@ -77,7 +77,7 @@ def check_overrides(overrides: list[str]) -> str | None:
     """Compose and validate the config like launch.train; return trainer.run_dir."""
     from hydra import compose, initialize_config_dir
 
-    from launch.config import COMPOSE_ERRORS, to_train_config
+    from launch.validation import COMPOSE_ERRORS, to_train_config
 
     try:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -19,7 +19,7 @@ from signal import SIGINT, SIGTERM
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from launch.config import exit_on_config_error, to_train_config
+from launch.validation import exit_on_config_error, to_train_config
 
 
 class stop_on_signals(contextlib.AbstractContextManager):
@@ -60,7 +60,7 @@ class stop_on_signals(contextlib.AbstractContextManager):
 def main(raw: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from launch.bootstrap import pin_revision
+    from launch.models.bootstrap import pin_revision
 
     with exit_on_config_error():
         cfg = to_train_config(raw)
@@ -70,10 +70,10 @@ def main(raw: DictConfig) -> None:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     print(f"run directory: {run_dir}", flush=True)
 
-    from launch.config import ConfigError
     from launch.loop import Trainer
     from launch.resume import CheckpointFailed, Stopped, emergency_note
     from launch.stages import build_stages
+    from launch.validation import ConfigError
 
     resume = " ".join(["python -m launch.train", *sys.argv[1:], "trainer.resume=auto"])
     log = lambda line: print(line, flush=True)  # noqa: E731
@@ -147,13 +147,17 @@ def validate(overrides: list[str], *, data: bool = True) -> list[str]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from launch.bootstrap import check_model_path
-    from launch.config import ConfigError
+    from launch.models.bootstrap import check_model_path
+    from launch.schema_keys import renamed
+    from launch.validation import ConfigError
     from reward.data import data_paths
     from reward.tasks import data_files, make_task
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     with exit_on_config_error():
+        for override in overrides:  # before Hydra, whose error would not name the new key
+            if renamed(override.split("=", 1)[0]):
+                raise ConfigError(renamed(override.split("=", 1)[0]))
         try:
             with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
                 cfg = to_train_config(compose("config", overrides=overrides))

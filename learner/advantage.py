@@ -55,10 +55,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from diagnostics.acr import CollapseStats, collapse_stats
-from diagnostics.groups import segment_sum
+from comm.collapse import CollapseStats, collapse_stats
+from comm.groups import segment_sum
+from learner.virtual_samples import STRATEGIES, union_moments, virtual_counts, virtual_moments
 
-STRATEGIES = ("stratified", "fixed", "random", "opposite")
 AUGMENT = ("both", "incorrect", "correct")  # which collapsed groups AVSPO may augment
 RELEASE_SCOPES = ("group", "step")  # what the released rule tests for a single label
 
@@ -167,114 +167,6 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor, *, tau: float = 1e-6) ->
     )
 
 
-def virtual_counts(
-    size: Tensor, acr: float, *, alpha: float, k: int | None, strategy: str
-) -> Tensor:
-    """K_j per group ``[M]`` (before masking by ``augmented``), always in [1, G_j].
-
-    >>> virtual_counts(torch.tensor([8, 8, 3]), 0.5, alpha=0.5, k=None, strategy="stratified")
-    tensor([6, 6, 3])
-    """
-    if strategy == "opposite" and k is None:  # the authors' code: one sample
-        return torch.ones_like(size)
-    if k is not None:
-        want = torch.full_like(size, int(k))
-    else:
-        want = torch.ceil(size.to(torch.float64) * (acr**alpha) - 1e-9).to(size.dtype)
-    return torch.minimum(want, size).clamp(min=1)
-
-
-def virtual_rewards(
-    strategy: str,
-    k_total: Tensor,
-    r_obs: Tensor,
-    *,
-    reward_range: tuple[float, float],
-    r_anchor: float,
-    generator: torch.Generator | None,
-) -> Tensor:
-    """Virtual rewards of A groups as ``[A, Kmax]``, row j holding v_1..v_K of group j (K =
-    ``k_total[j]``) and zeros after; ``r_obs [A]`` is each group's max real reward.
-
-    >>> v = virtual_rewards("stratified", torch.tensor([3, 2]), torch.tensor([1.0, 0.0]),
-    ...                     reward_range=(0.0, 1.0), r_anchor=0.1, generator=None)
-    >>> [[round(x, 6) for x in row] for row in v.tolist()]  # 1*(1-k/4) | 0.1*(2-k+1)/2
-    [[0.75, 0.5, 0.25], [0.1, 0.05, 0.0]]
-    """
-    r_lo, r_hi = reward_range
-    dtype = r_obs.dtype
-    k_max = int(k_total.max())
-    k_pos = torch.arange(1, k_max + 1, dtype=dtype)[None, :]  # [1, Kmax] k = 1..Kmax
-    kk = k_total.to(dtype)[:, None]  # [A, 1]
-    valid = k_pos <= kk  # [A, Kmax]
-    r_obs = r_obs[:, None]  # [A, 1]
-    if strategy == "stratified":
-        down = r_lo + (r_obs - r_lo) * (1 - k_pos / (kk + 1))
-        up = r_lo + r_anchor * (r_hi - r_lo) * (kk - k_pos + 1) / kk
-        values = torch.where(r_obs > r_lo, down, up)
-    elif strategy == "fixed":
-        values = torch.full(valid.shape, 0.5 * (r_lo + r_hi), dtype=dtype)
-    elif strategy == "random":  # drawn in group order, k = 1..K within a group
-        values = torch.zeros(valid.shape, dtype=dtype)
-        draws = torch.rand(int(k_total.sum()), generator=generator, dtype=dtype)
-        values[valid] = r_lo + (r_hi - r_lo) * draws
-    elif strategy == "opposite":
-        values = torch.where(r_obs > r_lo, r_lo, r_hi).to(dtype).expand(valid.shape)
-    else:
-        raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
-    return torch.where(valid, values, torch.zeros((), dtype=dtype))
-
-
-def virtual_moments(
-    strategy: str,
-    k_total: Tensor,
-    r_obs: Tensor,
-    *,
-    reward_range: tuple[float, float],
-    r_anchor: float,
-    generator: torch.Generator | None,
-) -> tuple[Tensor, Tensor]:
-    """Mean and population variance ``[A]`` of each augmented group's K virtual rewards.
-
-    Closed form for the deterministic strategies, so that no ``[A, K]`` tensor is built: the
-    ``stratified`` values are an arithmetic sequence a + b * j/n, j = 1..K, whose mean is
-    a + b * (K+1) / (2n) and variance b^2 * (K^2 - 1) / (12 n^2) (n = K+1 for a high group,
-    n = K for a low one). ``random`` computes them from its draws (:func:`virtual_rewards`).
-
-    >>> m, v = virtual_moments("stratified", torch.tensor([6]), torch.tensor([1.0]),
-    ...                        reward_range=(0.0, 1.0), r_anchor=0.1, generator=None)
-    >>> round(m.item(), 6), round(v.item(), 6)  # mean of 1/7..6/7 = 1/2, var 35/588
-    (0.5, 0.059524)
-    """
-    r_lo, r_hi = reward_range
-    kk = k_total.to(r_obs.dtype)
-    if strategy == "stratified":
-        high = r_obs > r_lo
-        step = torch.where(high, r_obs - r_lo, torch.full_like(r_obs, r_anchor * (r_hi - r_lo)))
-        n = torch.where(high, kk + 1, kk)
-        mean = r_lo + step * (kk + 1) / (2 * n)
-        var = step * step * (kk * kk - 1) / (12 * n * n)
-        return mean, var
-    if strategy == "fixed":
-        return torch.full_like(r_obs, 0.5 * (r_lo + r_hi)), torch.zeros_like(r_obs)
-    if strategy == "opposite":
-        return torch.where(r_obs > r_lo, r_lo, r_hi).to(r_obs.dtype), torch.zeros_like(r_obs)
-    if strategy == "random":
-        values = virtual_rewards(
-            strategy,
-            k_total,
-            r_obs,
-            reward_range=reward_range,
-            r_anchor=r_anchor,
-            generator=generator,
-        )  # [A, Kmax], zero past K
-        mean = values.sum(1) / kk
-        valid = torch.arange(values.shape[1])[None, :] < k_total[:, None]
-        dev = torch.where(valid, values - mean[:, None], torch.zeros((), dtype=values.dtype))
-        return mean, (dev * dev).sum(1) / kk
-    raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
-
-
 def _check_avspo(strategy: str, augment: str, k: int | None, reward_range) -> None:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown AVSPO strategy {strategy!r}; expected one of {STRATEGIES}")
@@ -284,15 +176,6 @@ def _check_avspo(strategy: str, augment: str, k: int | None, reward_range) -> No
         raise ValueError(f"k must be >= 1 or None, got {k}")
     if not reward_range[0] < reward_range[1]:
         raise ValueError(f"reward_range must satisfy r_lo < r_hi, got {reward_range}")
-
-
-def union_moments(g_real, mean_r, m2_r, n_virt, mean_v, var_v) -> tuple[Tensor, Tensor]:
-    """Mean and M2 of R_j u V_j from the two parts' moments (Chan et al.'s parallel formula):
-    M2_u = M2_R + M2_V + G K / (G + K) * (mean_R - mean_V)^2, with M2_V = K var_V. Real samples
-    are not touched."""
-    mean_u = (g_real * mean_r + n_virt * mean_v) / (g_real + n_virt)
-    gap = mean_r - mean_v
-    return mean_u, m2_r + n_virt * var_v + g_real * n_virt / (g_real + n_virt) * gap * gap
 
 
 def avspo_advantages(

@@ -6,8 +6,9 @@ takes the step's groups and verdicts and
 
 1. turns verdict scores into rewards (plus DAPO's overlong penalty when
    ``algorithm.overlong.shaping``: r + penalty(|y|), :func:`overlong_penalty`);
-2. runs the configured estimator (by name) and trigger policy on the groups that are trained
-   (all of them, or DAPO's selection), then updates the trigger (:meth:`__call__`);
+2. runs the configured estimator (by name; learner/estimators.py) on the groups that are
+   trained (all of them, or DAPO's selection), with its own state (AVSPO's trigger, DCPO's
+   prompt history), which the stage holds and checkpoints but never reads (:meth:`__call__`);
 3. feeds the ACR monitor with *every* generated group whose rewards are known (``acr/raw`` is
    before any intervention; groups left out of training count as zero-advantage), with the same
    ``algorithm.tau``;
@@ -36,19 +37,17 @@ variants and ``acr/trained`` cover the trained groups (DAPO's selection; the sam
 
 from __future__ import annotations
 
-from collections import deque
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from diagnostics.acr import ACRMonitor, MonitorConfig, collapse_stats, verifier_metrics
+from comm.collapse import collapse_stats
+from diagnostics.acr import ACRMonitor, MonitorConfig, verifier_metrics
 from learner.advantage import AdvantageResult
 from learner.batch import TrainBatch, build_batch
 from learner.config import AlgorithmConfig
-from learner.dcpo import PromptHistory
-from learner.estimators import get_estimator
-from learner.trigger import make_trigger
+from learner.estimators import Step, get_estimator
 from rollout.types import Group
 
 
@@ -122,11 +121,6 @@ def dapo_selection(informative: list[bool], want: int) -> list[bool]:
     return [i in chosen for i in range(len(informative))]
 
 
-AVSPO_KEYS = ("avspo/triggered", "avspo/tau_adapt", "avspo/acr_trigger", "avspo/k",
-              "avspo/virtual_samples", "avspo/augmented_groups")  # fmt: skip
-"""The trigger's metrics (:meth:`AdvantageStage.__call__`): 0 in a step with no group to train."""
-
-
 def _pick(keys: list[str] | None, mask: Tensor) -> list[str] | None:
     return None if keys is None else [k for k, m in zip(keys, mask.tolist(), strict=True) if m]
 
@@ -152,15 +146,13 @@ class AdvantageStage:
         penalty; ``pad_id`` pads the train batch."""
         self.cfg = cfg
         self.reward_range = (float(reward_range[0]), float(reward_range[1]))
-        self.estimator = get_estimator(cfg.estimator)
-        self.trigger = make_trigger(cfg.trigger)
-        self.generator = torch.Generator().manual_seed(seed)  # `random` virtual rewards only
+        estimator = get_estimator(cfg.estimator)
+        self.estimator = estimator.fn
+        # the estimator's own state (None: stateless), e.g. AVSPO's trigger and virtual-reward RNG
+        self.state = estimator.make_state(cfg, seed) if estimator.make_state else None
         self.monitor = ACRMonitor(
             monitor, tau=cfg.tau, r_lo=self.reward_range[0], strata=not cfg.reward.intrinsic
         )
-        self.history = PromptHistory()  # per-prompt estimator state (DCPO), checkpointed
-        # (collapsed groups, groups) of the last acr_window - 1 steps: the trigger's window
-        self.window: deque[tuple[int, int]] = deque(maxlen=cfg.trigger.acr_window - 1)
         self.pad_id, self.max_response_len = pad_id, max_response_len
         if cfg.overlong.shaping and max_response_len is None:
             raise ValueError("overlong shaping needs max_response_len")
@@ -172,44 +164,12 @@ class AdvantageStage:
         prompt_keys: list[str] | None = None,
         mean_reward: float | None = None,
     ) -> tuple[AdvantageResult, dict]:
-        """Advantages of one step, and its ``avspo/*`` metrics; then the trigger updates.
-        ``prompt_keys``: each group's prompt (estimators with per-prompt state need them);
-        ``mean_reward``: the trigger's J_t (default: the mean of ``rewards``)."""
-        tau_adapt = self.trigger.tau_adapt
-        self.history.keys = prompt_keys
-        trigger_acr, now = None, None
-        if self.window.maxlen:  # acr_window > 1: this step's collapsed groups join the window
-            collapsed = collapse_stats(rewards, group_ids, tau=self.cfg.tau).collapsed
-            now = (int(collapsed.sum()), collapsed.numel())
-            seen = (*self.window, now)
-            trigger_acr = sum(c for c, _ in seen) / sum(n for _, n in seen)
-        result = self.estimator(
-            rewards,
-            group_ids,
-            self.cfg,
-            tau_adapt=tau_adapt,
-            reward_range=self.reward_range,
-            generator=self.generator,
-            history=self.history,
-            trigger_acr=trigger_acr,
-        )
-        if now is not None:
-            self.window.append(now)
-        acr = result.acr if trigger_acr is None else trigger_acr
-        self.trigger.observe(
-            acr, float(rewards.double().mean()) if mean_reward is None else mean_reward
-        )
-        n_aug = int(result.augmented.sum())
-        metrics = {
-            # the decision (AVSPO: ACR_t > tau_adapt), which may find no group to augment
-            "avspo/triggered": float(result.triggered),
-            "avspo/tau_adapt": tau_adapt,
-            "avspo/acr_trigger": acr,
-            "avspo/k": float(result.k.sum()) / n_aug if n_aug else 0.0,
-            "avspo/virtual_samples": float(result.num_virtual),
-            "avspo/augmented_groups": float(n_aug),  # what it did: groups given virtual samples
-        }
-        return result, metrics | result.metrics
+        """Advantages of one step and the estimator's metrics (``avspo/*``, ``dcpo/*``; none for
+        GRPO, Dr. GRPO and RLOO). ``prompt_keys``: each group's prompt (estimators with
+        per-prompt state need them); ``mean_reward``: J_t (default: the mean of ``rewards``)."""
+        step = Step(group_ids, prompt_keys, mean_reward, self.reward_range)
+        result = self.estimator(rewards, step, self.cfg, self.state)
+        return result, dict(result.metrics)
 
     def process(
         self,
@@ -235,7 +195,7 @@ class AdvantageStage:
         rows = est[group_ids]  # [N]
         mean_reward = float(rewards.double().mean())  # J_t: over everything generated
         advantages = torch.zeros_like(rewards)  # groups left out: no gradient
-        result, metrics = None, dict.fromkeys(AVSPO_KEYS, 0.0)
+        result, metrics = None, {}
         if est.any():  # (none: every group of the step faulted)
             ids = torch.arange(int(est.sum())).repeat_interleave(sizes[est])
             result, metrics = self(rewards[rows], ids, _pick(prompt_keys, est), mean_reward)
@@ -302,22 +262,18 @@ class AdvantageStage:
             )
         return rewards, lengths, truncated
 
+    def prompt_history(self) -> dict:
+        """The ACR monitor's per-prompt collapse history (``prompts``) and its ``summary``: the
+        run directory's prompt_history.json."""
+        return {"summary": self.monitor.prompt_summary(), "prompts": self.monitor.prompt_history}
+
     def state_dict(self) -> dict:
-        """JSON-serialisable: trigger state, the virtual-sample RNG, the ACR monitor and the
-        per-prompt estimator state."""
-        return {
-            "trigger": self.trigger.state_dict(),
-            "generator": self.generator.get_state().tolist(),
-            "monitor": self.monitor.state_dict(),
-            "prompt_history": {k: list(v) for k, v in self.history.stats.items()},
-            "acr_window": [list(x) for x in self.window],
-        }
+        """JSON-serialisable: the ACR monitor and the estimator's state (AVSPO: ``trigger``,
+        ``acr_window``, ``generator``; DCPO: ``prompt_history``)."""
+        own = self.state.state_dict() if self.state is not None else {}
+        return {"monitor": self.monitor.state_dict()} | own
 
     def load_state_dict(self, state: dict) -> None:
-        self.trigger.load_state_dict(state["trigger"])
-        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
         self.monitor.load_state_dict(state["monitor"])
-        saved = state.get("prompt_history", {})  # absent in checkpoints before DCPO
-        self.history.stats = {k: list(v) for k, v in saved.items()}
-        self.window.clear()
-        self.window.extend(tuple(x) for x in state.get("acr_window", []))
+        if self.state is not None:
+            self.state.load_state_dict(state)

@@ -155,7 +155,7 @@ def shard_by_tokens(batch: TrainBatch, num_ranks: int) -> list[list[int]]:
     """Rows for each rank: equal counts (``len(batch)`` must divide evenly), response tokens
     balanced greedily (longest first, to the least-loaded rank that still has room). Whole
     groups (:func:`prompt_units`) go to one rank when they are all the same size and their
-    number divides evenly, so that a rank computes each prompt once (learner/logprobs.py
+    number divides evenly, so that a rank computes each prompt once (learner/shared_prefix.py
     ``shared_prefix_hidden``); otherwise single rows.
     """
     n = len(batch)

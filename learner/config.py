@@ -1,7 +1,8 @@
 """The ``algorithm`` config group's schema: which advantage estimator, AVSPO, trigger and loss.
 
 Plain dataclasses (no Hydra import): ``launch/config.py`` registers them with Hydra's ConfigStore
-and validates field ``metadata`` (``choices``, ``ge``/``gt``/``le``/``lt``) with the key's path.
+and ``launch/validation.py`` validates field ``metadata`` (``choices``, ``ge``/``gt``/``le``/
+``lt``) with the key's path.
 Presets live in ``conf/algorithm/*.yaml``.
 """
 
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from learner.advantage import AUGMENT, RELEASE_SCOPES, STRATEGIES
+from learner.advantage import AUGMENT, RELEASE_SCOPES
 from learner.estimators import ESTIMATORS
-from learner.logprobs import CHUNK_TOKENS, LOGITS_MODES
+from learner.logprobs import LOGITS_MODES
 from learner.loss import LossConfig
+from learner.tempered_logits import CHUNK_TOKENS
 from learner.trigger import TriggerConfig
+from learner.virtual_samples import STRATEGIES
 from reward.intrinsic import IntrinsicRewardConfig
 
 
@@ -151,7 +154,7 @@ class LearnerConfig:
     """Share of the free memory the automatic micro-batch budget may fill with activations."""
     shared_prefix: bool = True
     """Compute each distinct prompt of a micro-batch once (a group's n samples share it) and the
-    responses on its KV cache (learner/logprobs.py ``shared_prefix_hidden``): same log-probs
+    responses on its KV cache (learner/shared_prefix.py ``shared_prefix_hidden``): same log-probs
     and gradients to float rounding on ~(P + nR) instead of n(P + R) tokens per group. Off with
     ``gradient_checkpointing`` (transformers drops the cache then), with ``logits=full``, and
     for a model where the shared path does not reproduce the plain one (checked at start)."""

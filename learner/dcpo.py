@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from diagnostics.acr import collapse_stats
+from comm.collapse import collapse_stats
 from learner.advantage import (
     AdvantageResult,
     apply_advantages,
@@ -22,12 +22,16 @@ from learner.advantage import (
 
 @dataclass
 class PromptHistory:
-    """Per-prompt state an estimator keeps across steps (DCPO): ``stats[key]`` by prompt key,
-    JSON-serialisable (checkpointed by the advantage stage); ``keys``: this call's group keys,
-    in group order, set by the caller."""
+    """The ``dcpo`` estimator's state: ``stats[key]`` = (visits, n, mean, M2) of every reward the
+    prompt ``key`` got so far; JSON-serialisable, checkpointed by the advantage stage."""
 
     stats: dict[str, list] = field(default_factory=dict)
-    keys: list[str] | None = None
+
+    def state_dict(self) -> dict:
+        return {"prompt_history": {k: list(v) for k, v in self.stats.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stats = {k: list(v) for k, v in state.get("prompt_history", {}).items()}
 
 
 def dcpo_advantages(
@@ -104,13 +108,14 @@ def dcpo_advantages(
     return result, updated
 
 
-def dcpo_sequential(rewards, group_ids, cfg, history) -> AdvantageResult:
-    """DCPO when a prompt occurs in more than one group of a step: one group at a time."""
+def dcpo_sequential(rewards, group_ids, keys, cfg, history: PromptHistory) -> AdvantageResult:
+    """DCPO when a prompt occurs in more than one group of a step (``keys``: each group's
+    prompt): one group at a time."""
     stats = collapse_stats(rewards, group_ids, tau=cfg.tau)
     index = stats.groups.index
     advantages = torch.zeros_like(rewards, dtype=stats.mean.dtype)
     augmented = torch.zeros(stats.groups.num, dtype=torch.bool)
-    for j, key in enumerate(history.keys):
+    for j, key in enumerate(keys):
         rows = (index == j).nonzero().squeeze(-1)
         res, (state,) = dcpo_advantages(
             rewards[rows],

@@ -1,10 +1,27 @@
-"""The advantage estimators by name: every one has the same signature, so the advantage stage
-looks the configured name up and never special-cases one."""
+"""The advantage estimators by name. Every one is called the same way,
+
+    estimator.fn(rewards, step, cfg, state) -> AdvantageResult
+
+with ``rewards`` ``[N]``, ``step`` a :class:`Step` (the groups and what is known of them), ``cfg``
+the AlgorithmConfig and ``state`` the estimator's own state object, made once per run by its
+``make_state(cfg, seed)`` (None for the stateless ones). The stage looks the name up, holds the
+state (and checkpoints it) and never special-cases one. Stateful estimators: ``avspo`` (its
+trigger: threshold, ACR window; the virtual rewards' RNG) and ``dcpo`` (each prompt's history).
+
+Every estimator of the AVSPO family (and DCPO, whose history gives collapsed groups a signal)
+logs what it did to collapsed groups (:func:`augmentation_metrics`); ``avspo`` also its
+decision's inputs, ``avspo/tau_adapt`` and ``avspo/acr_trigger``. GRPO, Dr. GRPO and RLOO log
+none: they have no trigger.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
 
 from learner.advantage import (
     AdvantageResult,
@@ -13,23 +30,33 @@ from learner.advantage import (
     grpo_advantages,
     rloo_advantages,
 )
-from learner.dcpo import dcpo_advantages, dcpo_sequential
+from learner.dcpo import PromptHistory, dcpo_advantages, dcpo_sequential
+from learner.trigger import AVSPOTrigger
 
-# Registry: every estimator has the signature fn(rewards, group_ids, cfg, *, tau_adapt,
-# reward_range, generator, history, trigger_acr) -> AdvantageResult, where cfg is an
-# AlgorithmConfig, history a PromptHistory (per-prompt state, for the estimators that keep one)
-# or None, and trigger_acr the windowed ACR the trigger uses (None: the step's). The
-# caller looks the name up and never special-cases one.
 
-Estimator = Callable[..., AdvantageResult]
+class Step(NamedTuple):
+    """What an estimator knows of the step beyond the rewards."""
+
+    group_ids: Tensor  # [N] each sample's group
+    prompt_keys: list[str] | None = None  # each group's prompt, in group order
+    mean_reward: float | None = None  # J_t over every generated sample; None: mean of rewards
+    reward_range: tuple[float, float] = (0.0, 1.0)  # the task's (r_lo, r_hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    fn: Callable[[Tensor, Step, Any, Any], AdvantageResult]
+    make_state: Callable[[Any, int], Any] | None = None  # (cfg, seed) -> the run's state
+
+
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    def deco(fn: Estimator) -> Estimator:
+def register_estimator(name: str, make_state: Callable | None = None) -> Callable:
+    def deco(fn):
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} registered twice")
-        ESTIMATORS[name] = fn
+        ESTIMATORS[name] = Estimator(fn, make_state)
         return fn
 
     return deco
@@ -44,85 +71,115 @@ def get_estimator(name: str) -> Estimator:
         ) from None
 
 
+def augmentation_metrics(result: AdvantageResult) -> dict[str, float]:
+    """What an estimator did to collapsed groups: its decision (``avspo/triggered``, which may
+    find no group to augment), the groups it gave a signal (``avspo/augmented_groups``), the
+    virtual samples and their mean K over augmented groups."""
+    n_aug = int(result.augmented.sum())
+    return {
+        "avspo/triggered": float(result.triggered),
+        "avspo/k": float(result.k.sum()) / n_aug if n_aug else 0.0,
+        "avspo/virtual_samples": float(result.num_virtual),
+        "avspo/augmented_groups": float(n_aug),
+    }
+
+
+def _with_metrics(result: AdvantageResult, metrics: dict[str, float]) -> AdvantageResult:
+    return dataclasses.replace(result, metrics=result.metrics | metrics)
+
+
 @register_estimator("grpo")
-def _grpo(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    return grpo_advantages(rewards, group_ids, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau)
+def _grpo(rewards, step, cfg, state=None):
+    return grpo_advantages(
+        rewards, step.group_ids, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau
+    )
 
 
 @register_estimator("dr_grpo")
-def _dr_grpo(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    return grpo_advantages(rewards, group_ids, scale_by_std=False, tau=cfg.tau)
+def _dr_grpo(rewards, step, cfg, state=None):
+    return grpo_advantages(rewards, step.group_ids, scale_by_std=False, tau=cfg.tau)
 
 
 @register_estimator("rloo")
-def _rloo(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    return rloo_advantages(rewards, group_ids, tau=cfg.tau)
+def _rloo(rewards, step, cfg, state=None):
+    return rloo_advantages(rewards, step.group_ids, tau=cfg.tau)
 
 
-@register_estimator("avspo")
-def _avspo(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
+class AVSPOState:
+    """The ``avspo`` estimator's state: its trigger and the RNG of ``random`` virtual rewards."""
+
+    def __init__(self, cfg, seed: int):
+        self.trigger = AVSPOTrigger(cfg.trigger, tau=cfg.tau)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def state_dict(self) -> dict:
+        return self.trigger.state_dict() | {"generator": self.generator.get_state().tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trigger.load_state_dict(state)
+        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+
+
+@register_estimator("avspo", make_state=AVSPOState)
+def _avspo(rewards, step, cfg, state: AVSPOState):
     a = cfg.avspo
-    return avspo_advantages(
-        rewards,
-        group_ids,
-        tau_adapt=tau_adapt,
-        alpha=a.alpha,
-        tau=cfg.tau,
-        eps=cfg.eps,
-        strategy=a.strategy,
-        r_anchor=a.r_anchor,
-        reward_range=reward_range,
-        k=a.k,
-        unbiased=cfg.unbiased_std,
-        generator=generator,
-        augment=a.augment,
-        trigger_acr=trigger_acr,
-    )
+
+    def estimate(tau_adapt: float, trigger_acr: float | None) -> AdvantageResult:
+        return avspo_advantages(
+            rewards,
+            step.group_ids,
+            tau_adapt=tau_adapt,
+            alpha=a.alpha,
+            tau=cfg.tau,
+            eps=cfg.eps,
+            strategy=a.strategy,
+            r_anchor=a.r_anchor,
+            reward_range=step.reward_range,
+            k=a.k,
+            unbiased=cfg.unbiased_std,
+            generator=state.generator,
+            augment=a.augment,
+            trigger_acr=trigger_acr,
+        )
+
+    j_t = float(rewards.double().mean()) if step.mean_reward is None else step.mean_reward
+    result = state.trigger.step(rewards, step.group_ids, j_t, estimate)
+    return _with_metrics(result, augmentation_metrics(result) | state.trigger.last)
 
 
 @register_estimator("avspo_release")
-def _avspo_release(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    # tau_adapt and the trigger play no part: the rule fires on single-label groups (or steps).
-    return avspo_release_advantages(
+def _avspo_release(rewards, step, cfg, state=None):
+    # no threshold and no trigger state: the rule fires on single-label groups (or steps)
+    result = avspo_release_advantages(
         rewards,
-        group_ids,
+        step.group_ids,
         eps=cfg.eps,
         tau=cfg.tau,
-        reward_range=reward_range,
+        reward_range=step.reward_range,
         unbiased=cfg.unbiased_std,
         scope=cfg.avspo.release_scope,
     )
+    return _with_metrics(result, augmentation_metrics(result))
 
 
-@register_estimator("dcpo")
-def _dcpo(
-    rewards, group_ids, cfg, *, tau_adapt, reward_range, generator, history=None, trigger_acr=None
-):
-    if history is None or history.keys is None:
+@register_estimator("dcpo", make_state=lambda cfg, seed: PromptHistory())
+def _dcpo(rewards, step, cfg, history: PromptHistory):
+    keys = step.prompt_keys
+    if keys is None:
         raise ValueError("the dcpo estimator needs each group's prompt key (its history)")
-    # A prompt twice in one step: its second group sees the first one's update.
-    keys = history.keys
     prior = [history.stats.get(k) for k in keys]
+    # groups whose advantage used history (the prompt's earlier visits, this step's included)
     used = sum(
         p is not None or k in keys[:i] for i, (k, p) in enumerate(zip(keys, prior, strict=True))
     )
     if len(set(keys)) == len(keys):
         result, updated = dcpo_advantages(
-            rewards, group_ids, prior, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau
+            rewards, step.group_ids, prior, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau
         )
-        for key, state in zip(keys, updated, strict=True):
-            history.stats[key] = list(state)
-    else:
-        result = dcpo_sequential(rewards, group_ids, cfg, history)
-    # groups whose advantage used history (the prompt's earlier visits, this step's included)
-    return dataclasses.replace(result, metrics={"dcpo/history_groups": float(used)})
+        for key, saved in zip(keys, updated, strict=True):
+            history.stats[key] = list(saved)
+    else:  # a prompt twice in one step: its second group sees the first one's update
+        result = dcpo_sequential(rewards, step.group_ids, keys, cfg, history)
+    return _with_metrics(
+        result, augmentation_metrics(result) | {"dcpo/history_groups": float(used)}
+    )

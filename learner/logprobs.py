@@ -13,8 +13,8 @@ tokens only: prompt and padding positions never enter the loss).
 Memory (``learner.logits``): at real vocabularies the logits are the learner's largest buffer
 (32 x 4k tokens x 152k vocabulary is ~40 GB in bf16 and ~80 GB as fp32 softmax input).
 
-- ``full``: the model returns the [B, T, V] logits (model dtype); :func:`token_logprobs` then runs
-  the fp32 softmax in chunks of ``chunk_tokens`` positions.
+- ``full``: the model returns the [B, T, V] logits (model dtype); ``token_logprobs``
+  (learner/tempered_logits.py) then runs the fp32 softmax in chunks of ``chunk_tokens`` positions.
 - ``chunked`` (default): :func:`model_logprobs` runs the model's decoder to the final hidden
   states [B, T, H], keeps the N scored positions [N, H], and applies the output embedding
   (``lm_head``; tied or not), the soft-cap if the config has one, and the tempered fp32
@@ -38,16 +38,6 @@ learner plans it over all ranks: learner/batch.py ``plan_microbatches``).
 Models whose logits are not ``lm_head(hidden)`` (logit scaling; anything the numeric check of
 :func:`logits_problem` catches) use the full path; Gemma-style ``final_logit_softcapping`` is
 applied per piece.
-
->>> logits = torch.zeros(1, 3, 4)  # uniform over 4 tokens
->>> lp, ent = token_logprobs(logits, torch.tensor([[0, 1, 2]]), with_entropy=True)
->>> lp.tolist()  # 0, log(1/4), log(1/4)
-[[0.0, -1.3862943649291992, -1.3862943649291992]]
->>> [round(x, 4) for x in ent[0].tolist()]  # entropy log(4) at the scored positions
-[0.0, 1.3863, 1.3863]
->>> z = torch.tensor([[[2.0, 0.0], [0.0, 0.0]]])  # at T = 2: softmax([1, 0])[1] = 1/(1+e)
->>> round(token_logprobs(z, torch.tensor([[0, 1]]), temperature=2.0)[0][0, 1].item(), 4)
--1.3133
 """
 
 from __future__ import annotations
@@ -59,52 +49,13 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-CHUNK_TOKENS = 2048  # positions per logits piece (learner.logits_chunk_tokens)
+from learner.shared_prefix import shared_prefix_hidden
+from learner.tempered_logits import CHUNK_TOKENS, piece_intrinsic, piece_logprobs, token_logprobs
+
 LOGITS_MODES = ("chunked", "full")
 # Config keys that put something other than lm_head(hidden) into the logits and that the chunked
 # path does not reproduce (Cohere multiplies by logit_scale, Granite divides by logits_scaling).
 UNSUPPORTED_LOGIT_KEYS = ("logit_scale", "logits_scaling")
-
-
-def _chunk(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool):
-    z = logits.float() / temperature  # [..., c, V]
-    logp_all = torch.log_softmax(z, dim=-1)
-    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # [..., c]
-    if not with_entropy:
-        return logp, None
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # [..., c]
-    return logp, entropy
-
-
-def token_logprobs(
-    logits: Tensor,
-    input_ids: Tensor,
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    chunk_tokens: int = CHUNK_TOKENS,
-) -> tuple[Tensor, Tensor | None]:
-    """``(logp [B, T], entropy [B, T] or None)`` of ``input_ids [B, T]`` under ``logits
-    [B, T, V]`` divided by ``temperature`` (module docstring); position 0 gets 0."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    b, t = input_ids.shape
-    width = max(1, chunk_tokens // max(b, 1))  # positions per chunk
-    grad = torch.is_grad_enabled() and logits.requires_grad
-    logps, entropies = [], []
-    for start in range(0, t - 1, width):
-        end = min(start + width, t - 1)
-        args = (logits[:, start:end], input_ids[:, start + 1 : end + 1], temperature, with_entropy)
-        if grad:
-            lp, ent = checkpoint(_chunk, *args, use_reentrant=False)
-        else:
-            lp, ent = _chunk(*args)
-        logps.append(lp)
-        entropies.append(ent)
-    pad = lambda xs: torch.nn.functional.pad(  # noqa: E731
-        torch.cat(xs, 1) if xs else logits.new_zeros(b, 0, dtype=torch.float32), (1, 0)
-    )
-    return pad(logps), (pad(entropies) if with_entropy else None)
 
 
 def scored_positions(token_mask: Tensor | None, shape: tuple[int, int]) -> int:
@@ -125,15 +76,6 @@ def num_chunks(positions: int, chunk_tokens: int) -> int:
     return max(1, -(-positions // chunk_tokens))
 
 
-def _intrinsic(logits: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
-    """Per position of ``logits [..., V]`` at ``temperature``: the entropy H(p) and the
-    self-certainty KL(U || p) = -log V - mean_v log p_v (INTUITOR), both fp32, in nats."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    certainty = -math.log(logits.shape[-1]) - logp_all.mean(-1)
-    return entropy, certainty
-
-
 def _head_chunk(
     head, hidden: Tensor, targets: Tensor, temperature, softcap, with_entropy, intrinsic=False
 ):
@@ -141,8 +83,8 @@ def _head_chunk(
     if softcap is not None:  # Gemma 2/3: cap * tanh(logits / cap), in the model dtype as HF does
         logits = torch.tanh(logits / softcap) * softcap
     if intrinsic:
-        return _intrinsic(logits, temperature)
-    lp, ent = _chunk(logits, targets, temperature, with_entropy)
+        return piece_intrinsic(logits, temperature)
+    lp, ent = piece_logprobs(logits, targets, temperature, with_entropy)
     return (lp, ent) if with_entropy else (lp,)
 
 
@@ -166,7 +108,7 @@ def _chunked_forward(
     """(logp [B, T], entropy [B, T]) or (logp,): decoder, then output embedding in pieces;
     ``intrinsic``: (entropy, self-certainty) instead (:func:`model_intrinsic`). With
     ``prompt_lens`` (and a ``token_mask`` on response positions only), each distinct prompt
-    runs through the decoder once (:func:`shared_prefix_hidden`)."""
+    runs through the decoder once (learner/shared_prefix.py)."""
     b, t = input_ids.shape
     decoder = module.get_decoder()
     if prompt_lens is not None and token_mask is not None:
@@ -200,79 +142,6 @@ def _chunked_forward(
         out = zeros + 0.0 * got.sum() if dummy else zeros.index_put((pos + 1,), got)
         outs.append(out.view(b, t))
     return tuple(outs)
-
-
-def distinct_prompts(input_ids: Tensor, prompt_lens: Tensor) -> tuple[list[int], Tensor]:
-    """``(first, which)``: the first row of each distinct prompt (``input_ids[r, :prompt_lens[r]]``)
-    in row order, and each row's index into ``first`` ``[B]``.
-
-    >>> ids = torch.tensor([[5, 6, 1], [5, 6, 2], [7, 1, 0], [5, 6, 3]])
-    >>> distinct_prompts(ids, torch.tensor([2, 2, 1, 2]))
-    ([0, 2], tensor([0, 0, 1, 0]))
-    """
-    seen: dict[tuple[int, ...], int] = {}
-    first, which = [], []
-    for row, (ids, n) in enumerate(zip(input_ids.tolist(), prompt_lens.tolist(), strict=True)):
-        key = tuple(ids[:n])
-        if key not in seen:
-            seen[key] = len(first)
-            first.append(row)
-        which.append(seen[key])
-    return first, torch.tensor(which, dtype=torch.long)
-
-
-def shared_prefix_hidden(
-    decoder, input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor
-) -> Tensor:
-    """The decoder's last hidden states ``[B, T, H]`` of right-padded ``prompt + response`` rows
-    at the positions that predict response tokens (``prompt_lens[r] - 1`` up to the row's
-    second-to-last token; other positions are 0), with each distinct prompt computed once.
-
-    A group's n samples share their prompt: the prompts run once (``[U, P]``, U distinct, with
-    the KV cache kept, gradients included), then every row's response runs on its prompt's
-    cache (gathered per row) at positions ``prompt_len + j``. The same attention as one pass
-    over the full rows, on ~(P + n R) instead of n (P + R) tokens per group. ``prompt_lens``
-    only decides what is shared: any split at or before a row's first scored position gives the
-    same values (a response's first token is predicted from the prompt pass's last state).
-    """
-    b, t = input_ids.shape
-    device = input_ids.device
-    prompt_lens = prompt_lens.to(device)
-    first, which = distinct_prompts(input_ids, prompt_lens)
-    which = which.to(device)
-    p_len = prompt_lens[first]  # [U]
-    p_max = int(p_len.max())
-    p_mask = (torch.arange(p_max, device=device)[None] < p_len[:, None]).long()  # [U, P]
-    prompts = input_ids[first, :p_max] * p_mask
-    out = decoder(input_ids=prompts, attention_mask=p_mask, use_cache=True)
-    h_prompt = out.last_hidden_state  # [U, P, H]
-    resp_len = attention_mask.sum(1) - prompt_lens  # [B]
-    r_max = int(resp_len.max())
-    hidden_size = h_prompt.shape[-1]
-    # Position prompt_len - 1 predicts the first response token.
-    flat_idx = [torch.arange(b, device=device) * t + prompt_lens - 1]
-    values = [h_prompt[which, prompt_lens - 1]]  # [B, H]
-    if r_max > 1:  # the response's own positions predict its next tokens (the last predicts none)
-        j = torch.arange(r_max - 1, device=device)[None]  # [1, R - 1]
-        r_mask = j < resp_len[:, None]  # [B, R - 1]
-        pos = prompt_lens[:, None] + j  # [B, R - 1]
-        resp = input_ids.gather(1, pos.clamp(max=t - 1)) * r_mask
-        cache = out.past_key_values
-        cache.batch_select_indices(which)  # [U, ...] -> [B, ...]
-        mask = torch.cat([p_mask[which], r_mask.long()], 1)  # [B, P + R - 1]
-        h_resp = decoder(
-            input_ids=resp,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state  # [B, R - 1, H]
-        rows = torch.arange(b, device=device)[:, None].expand_as(pos)
-        flat_idx.append((rows * t + pos)[r_mask])
-        values.append(h_resp[r_mask])
-    flat = h_prompt.new_zeros(b * t, hidden_size)
-    flat = flat.index_put((torch.cat(flat_idx),), torch.cat(values))
-    return flat.view(b, t, hidden_size)
 
 
 @contextlib.contextmanager
@@ -316,7 +185,7 @@ def model_logprobs(
     ``num_chunks(scored_positions, chunk_tokens)``; ZeRO-3 callers pass one equal on all ranks).
     ``prompt_lens [B]`` (chunked path, with a ``token_mask`` that is 0 on prompts): rows are
     right-padded ``prompt + response`` and each distinct prompt runs once
-    (:func:`shared_prefix_hidden`; same values to float rounding, fewer tokens).
+    (learner/shared_prefix.py; same values to float rounding, fewer tokens).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -378,7 +247,7 @@ def model_intrinsic(
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         b, t = input_ids.shape
         width = max(1, chunk_tokens // max(b, 1))
-        parts = [_intrinsic(out[:, s : min(s + width, t - 1)], temperature)
+        parts = [piece_intrinsic(out[:, s : min(s + width, t - 1)], temperature)
                  for s in range(0, t - 1, width)]  # fmt: skip
         pad = lambda xs: torch.nn.functional.pad(  # noqa: E731
             torch.cat(xs, 1) if xs else out.new_zeros(b, 0, dtype=torch.float32), (1, 0)
@@ -458,10 +327,11 @@ def logits_problem(model, *, tolerance: float | None = None) -> str | None:
 
 
 def prefix_problem(model, *, tolerance: float | None = None) -> str | None:
-    """Why :func:`shared_prefix_hidden` would not reproduce ``model``'s plain chunked log-probs
-    (None when it does): a fixed batch of two prompts (lengths 5 and 3) with two responses each
-    (lengths 4 and 2) is scored both ways. Runs two forward passes: under ZeRO-3 every rank
-    must call it. ``tolerance``: by the model's dtype unless given (:func:`check_tolerance`)."""
+    """Why ``shared_prefix_hidden`` (learner/shared_prefix.py) would not reproduce ``model``'s
+    plain chunked log-probs (None when it does): a fixed batch of two prompts (lengths 5 and 3)
+    with two responses each (lengths 4 and 2) is scored both ways. Runs two forward passes: under
+    ZeRO-3 every rank must call it. ``tolerance``: by the model's dtype unless given
+    (:func:`check_tolerance`)."""
     tolerance = check_tolerance(model) if tolerance is None else tolerance
     module = _unwrap(model)
     weight = module.get_output_embeddings().weight

@@ -102,21 +102,35 @@ def _lora_layers(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
     }
 
 
-def merged_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The (merged) model's state dict under the base names, CPU copies: every entry of
-    ``module.state_dict()`` (tied weights under each name, buffers), the adapters merged into
-    their weights. What the object-store sync sends and ``model/`` of a checkpoint holds. The
-    caller gathers ZeRO-3 shards around it."""
+def state_units(module: torch.nn.Module) -> list[SyncUnit]:
+    """Every entry of ``module.state_dict()`` (tied weights under each name, buffers) as a
+    :class:`SyncUnit` under its base name, each adapted weight merged, the adapters left out:
+    what a checkpoint's ``model/`` holds, one entry at a time (the caller gathers each unit's
+    ZeRO-3 shards around its ``value()``)."""
     layers = _lora_layers(module)
-    out = {}
-    for name, t in module.state_dict().items():
+    units = []
+    for name, t in module.state_dict(keep_vars=True).items():
         if ".lora_" in name:
             continue
         layer = layers.get(name)
-        if layer is not None:
-            t = _merged(t, layer)
-        out[base_name(name)] = t.detach().to("cpu", copy=True)
-    return out
+        if layer is None:
+            params = [t] if isinstance(t, torch.nn.Parameter) else []  # buffers: never sharded
+            units.append(SyncUnit(base_name(name), params, lambda t=t: t.data))
+            continue
+        a, b = _adapters(layer)
+        units.append(SyncUnit(base_name(name), [t, a, b], lambda t=t, m=layer: _merged(t, m)))
+    return units
+
+
+def merged_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The (merged) model's state dict under the base names, CPU copies (:func:`state_units`);
+    the caller gathers ZeRO-3 shards around it (learner/export.py gathers entry by entry)."""
+    return {u.name: u.value().detach().to("cpu", copy=True) for u in state_units(module)}
+
+
+def adapter_params(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The adapters' parameters (empty without LoRA)."""
+    return [p for name, p in module.named_parameters() if ".lora_" in name]
 
 
 def adapter_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor] | None:

@@ -25,7 +25,13 @@ plain GRPO; 1 rather than infinity keeps the logged value valid JSON).
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from comm.collapse import collapse_stats
 
 POLICIES = ("adaptive", "fixed", "always", "never")
 
@@ -113,3 +119,62 @@ def make_trigger(cfg: TriggerConfig) -> Trigger:
     if cfg.policy == "never":
         return Trigger(1.0)
     raise ValueError(f"unknown trigger policy {cfg.policy!r}; expected one of {POLICIES}")
+
+
+class AVSPOTrigger:
+    """AVSPO's trigger with all of its state: the threshold tau_adapt_t and its update, and the
+    ACR window (``acr_window`` > 1: the collapsed and total group counts of the last W - 1
+    steps). ``tau``: the collapse threshold on a group's reward std.
+
+    >>> import torch
+    >>> t = AVSPOTrigger(TriggerConfig(policy="fixed", tau_adapt_0=0.3, acr_window=2), tau=1e-6)
+    >>> seen = []
+    >>> def estimate(tau_adapt, acr):  # what the estimator is handed: the decision's inputs
+    ...     seen.append((tau_adapt, acr))
+    ...     return None
+    >>> ids = torch.tensor([0, 0, 1, 1])
+    >>> t.step(torch.tensor([1.0, 1.0, 0.0, 1.0]), ids, 0.75, estimate)  # 1 of 2 groups collapsed
+    >>> t.step(torch.tensor([1.0, 0.0, 0.0, 1.0]), ids, 0.5, estimate)  # 0 of 2: (1 + 0) / 4
+    >>> seen
+    [(0.3, 0.5), (0.3, 0.25)]
+    """
+
+    def __init__(self, cfg: TriggerConfig, tau: float):
+        self.threshold = make_trigger(cfg)
+        self.tau = tau
+        self.window: deque[tuple[int, int]] = deque(maxlen=cfg.acr_window - 1)
+        self.last: dict[str, float] = {}  # the step's tau_adapt and ACR as the trigger saw them
+
+    @property
+    def tau_adapt(self) -> float:
+        return self.threshold.tau_adapt
+
+    def step(self, rewards: Tensor, group_ids: Tensor, mean_reward: float, estimate: Callable):
+        """One step: ``estimate(tau_adapt_t, the windowed ACR or None for this step's own)``
+        decides and computes the advantages (an AdvantageResult), then the window takes this
+        step's groups and the threshold updates on ACR_t and J_t = ``mean_reward``. Returns
+        what ``estimate`` returned; :attr:`last` holds the decision's two inputs."""
+        tau_adapt, now, windowed = self.tau_adapt, None, None
+        if self.window.maxlen:
+            collapsed = collapse_stats(rewards, group_ids, tau=self.tau).collapsed
+            now = (int(collapsed.sum()), collapsed.numel())
+            seen = (*self.window, now)
+            windowed = sum(c for c, _ in seen) / sum(n for _, n in seen)
+        result = estimate(tau_adapt, windowed)
+        if now is not None:
+            self.window.append(now)
+        acr = windowed if windowed is not None else result.acr
+        self.threshold.observe(acr, mean_reward)
+        self.last = {"avspo/tau_adapt": tau_adapt, "avspo/acr_trigger": acr}
+        return result
+
+    def state_dict(self) -> dict:
+        return {
+            "trigger": self.threshold.state_dict(),
+            "acr_window": [list(x) for x in self.window],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.threshold.load_state_dict(state["trigger"])
+        self.window.clear()
+        self.window.extend(tuple(x) for x in state.get("acr_window", []))

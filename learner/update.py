@@ -13,8 +13,10 @@ import torch
 
 from learner.batch import MicroBatch, TrainBatch, plan_microbatches, shard_by_tokens
 from learner.config import LearnerConfig, minibatch_problem
-from learner.logprobs import CHUNK_TOKENS, distinct_prompts, model_logprobs
+from learner.logprobs import model_logprobs
 from learner.loss import LOG_RATIO_CLAMP, LossConfig, LossOutput, policy_loss
+from learner.shared_prefix import distinct_prompts
+from learner.tempered_logits import CHUNK_TOKENS
 
 
 def split_for_ranks(
@@ -187,7 +189,7 @@ def microbatch_loss(
     ``chunk_tokens`` positions, ``chunks`` pieces when given) and return the policy loss of this
     piece of a mini-batch (with the mini-batch's global counts) and the current log-probs
     ``[B, T]`` (0 outside the response). ``shared_prefix``: each distinct prompt runs once
-    (learner/logprobs.py ``shared_prefix_hidden``)."""
+    (learner/shared_prefix.py ``shared_prefix_hidden``)."""
     if cfg.aggregation == "seq-mean-token-sum-norm" and cfg.norm_len is None:
         raise ValueError("loss.norm_len must be set (the max response length) for Dr. GRPO")
     mb = mb.to(model.device)

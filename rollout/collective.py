@@ -47,7 +47,9 @@ class VLLMWeightSyncExtension:
     ) -> int:
         """``group``: a :class:`SyncGroup` as a dict (plain values cross into vLLM's workers)."""
         rank = first_rank + int(getattr(self, "rank", 0))
-        self.avspo_receiver = None  # a rebuilt group replaces the old one
+        old = getattr(self, "avspo_receiver", None)
+        if old is not None:  # a rebuilt group replaces the old one: abort it first
+            old.close()
         self.avspo_receiver = open_receiver(SyncGroup(**group), rank, specs)
         return rank
 

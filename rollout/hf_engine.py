@@ -34,6 +34,7 @@ class HFEngine:
         self.model.eval()
         self.device = device
         self.policy_version = 0
+        self.receiver = None  # the collective sync's end (open_weight_group)
 
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
@@ -159,7 +160,8 @@ class HFEngine:
         """Join the collective weight-sync group (comm/weight_protocol.py) as one rank."""
         from comm.weight_protocol import open_receiver
 
-        self.receiver = None  # a rebuilt group replaces the old one
+        if self.receiver is not None:  # a rebuilt group replaces the old one: abort it first
+            self.receiver.close()
         self.receiver = open_receiver(group, first_rank, specs)
         return [first_rank]
 

@@ -39,8 +39,10 @@ class ObjectStoreTransport:
         self.refs = refs
 
     def restore(self, learner, worker: int, version: int) -> None:
-        refs = self.refs or learner.export_bucket_refs(self.bucket_bytes)
-        self.rollout.load_weights(refs, version, workers=[worker])
+        """Restarted ``worker`` gets ``version`` (version 0: the model it starts with)."""
+        if version:
+            refs = self.refs or learner.export_bucket_refs(self.bucket_bytes)
+            self.rollout.load_weights(refs, version, workers=[worker])
 
 
 class CollectiveTransport:
@@ -86,8 +88,10 @@ class CollectiveTransport:
         self.bytes_sent = int(sent[0])
 
     def restore(self, learner, worker: int, version: int) -> None:
+        """Restarted ``worker`` gets ``version`` through the object store (the new worker is
+        in no group): everyone rejoins a new group at the next sync."""
         ObjectStoreTransport(self.rollout, self.bucket_bytes).restore(learner, worker, version)
-        self.stale = True  # the new worker is in no group: everyone rejoins at the next sync
+        self.stale = True
 
 
 class WeightSync:
@@ -103,7 +107,6 @@ class WeightSync:
             self.transport = ObjectStoreTransport(rollout, bucket_bytes)
         self.rollout, self.learner, self.sleeps = rollout, learner, sleeps
         self.version = 0  # the policy version every engine holds
-        rollout.on_restart = self.restore
 
     def before_update(self) -> None:
         if self.sleeps:  # the engines free the memory the update needs
@@ -128,11 +131,9 @@ class WeightSync:
 
     def restore(self, worker: int) -> None:
         """A restarted worker gets the version the other engines hold (version 0 is the model
-        it starts with)."""
-        if self.version:
-            self.transport.restore(self.learner, worker, self.version)
-        elif isinstance(self.transport, CollectiveTransport):
-            self.transport.stale = True
+        it starts with). The rollout group calls it: pass it as ``on_restart`` when building
+        the group (launch/stages.py)."""
+        self.transport.restore(self.learner, worker, self.version)
 
 
 def weight_sync_backend(cfg) -> str:

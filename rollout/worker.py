@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -163,12 +164,14 @@ class RolloutGroup:
         threads: list[int] | None = None,
         cpus: list[list[int] | None] | None = None,
         sleep_mode: bool = False,
+        on_restart: Callable[[int], None] | None = None,
     ):
         """Spawns the workers; with ``wait`` (default) also waits until their engines are up.
         ``wait=False`` lets the caller start other actors meanwhile, then call
         :meth:`wait_ready` (vLLM takes ~30 s to start on CPU). ``resources``: (CPUs, GPUs) each
         worker asks Ray for (default: the config's); ``threads`` / ``cpus``: per worker
-        (launch/cluster.py ``plan_threads``); ``sleep_mode``: see :class:`RolloutWorker`."""
+        (launch/cluster.py ``plan_threads``); ``sleep_mode``: see :class:`RolloutWorker`;
+        ``on_restart(i)``: gives restarted worker i the weights the others hold."""
         self.cfg = cfg
         self.resources = resources or (cfg.num_cpus_per_worker, cfg.num_gpus_per_worker)
         self.threads = threads or [None] * cfg.num_workers
@@ -177,8 +180,8 @@ class RolloutGroup:
         self.model_path, self.dtype, self.placement = model_path, dtype, placement
         self.workers = [self._spawn(i) for i in range(cfg.num_workers)]
         # called with a restarted worker's index: gives it the weights the others hold
-        # (rollout/weight_sync.py WeightSync sets it); None: the model it starts with
-        self.on_restart = None
+        # (rollout/weight_sync.py WeightSync.restore); None: the model it starts with
+        self.on_restart = on_restart
         self.restarts = 0  # workers restarted (rollout.max_restarts bounds it)
         self.regenerated = 0  # prompts whose generation was lost with a worker and redone
         self._ready = [w.ready.remote() for w in self.workers]

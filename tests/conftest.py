@@ -26,8 +26,8 @@ os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "60000")
 os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 os.environ.setdefault("AUTOSCALER_UPDATE_INTERVAL_S", "60")
 
-from launch.bootstrap import ModelConfig, ensure_model  # noqa: E402
-from launch.tiny_model import FAST_TINY, tiny_overrides  # noqa: E402
+from launch.models.bootstrap import ModelConfig, ensure_model  # noqa: E402
+from launch.models.tiny_model import FAST_TINY, tiny_overrides  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # the datasets library's cache (local task files are converted into it): the test run's own,
@@ -37,8 +37,8 @@ DATASETS_CACHE = os.environ.setdefault(
 )
 
 
-# Rollout/learner tests use FAST_TINY (launch/tiny_model.py), a small model that ships with the
-# project (launch/assets/tiny-fast): it emits EOS and mixes right and wrong answers.
+# Rollout/learner tests use FAST_TINY (launch/models/tiny_model.py), a small model that ships with
+# the project (launch/assets/tiny-fast): it emits EOS and mixes right and wrong answers.
 def fast_tiny_overrides(tiny_model_dir: str) -> list[str]:
     """Hydra overrides that select FAST_TINY (the shipped model the ``tiny_model_dir`` fixture
     resolves) and the easy task level it handles (L1)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from learner.batch import build_batch
-from learner.logprobs import token_logprobs
+from learner.tempered_logits import token_logprobs
 from rollout.types import Group, Sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,10 +63,30 @@ def load(*overrides: str):
     """The run config composed from conf/ with ``overrides`` (Hydra) and validated."""
     from hydra import compose, initialize_config_dir
 
-    from launch.config import to_train_config
+    from launch.validation import to_train_config
 
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return to_train_config(compose(config_name="config", overrides=list(overrides)))
+
+
+def random_lm(arch: str, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int,
+              vocab: int, **extra):  # fmt: skip
+    """A causal LM of transformers' ``arch`` (``Llama``, ``Qwen2``, ``Gemma2``) with random
+    weights (seed 0), built from its config: no download. ``extra``: any other config field.
+
+    >>> random_lm("Llama", 1, 16, 32, 2, 2, 50).num_parameters()
+    4208
+
+    (embeddings and head 2 x 50 x 16, attention 4 x 16 x 16, MLP 3 x 16 x 32, norms 3 x 16)
+    """
+    import transformers
+
+    config = getattr(transformers, f"{arch}Config")(
+        num_hidden_layers=layers, hidden_size=hidden, intermediate_size=intermediate,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab, **extra,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return getattr(transformers, f"{arch}ForCausalLM")(config).float()
 
 
 def kill_and_wait(actor, timeout_s: float = 60.0) -> None:

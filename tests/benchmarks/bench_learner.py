@@ -54,20 +54,11 @@ def batch_for(vocab: int, samples: int = 64, seed: int = 0):
 
 
 def model_100m(folder: str) -> str:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.helpers import random_lm
 
-    config = LlamaConfig(
-        vocab_size=8192,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        num_key_value_heads=12,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
+    model = random_lm(
+        "Llama", 12, 768, 2048, 12, 12, 8192, max_position_embeddings=256, tie_word_embeddings=True
     )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
     model.save_pretrained(folder)
     return f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M"
 
@@ -80,7 +71,7 @@ class Probe:
 def main() -> None:
     import ray
 
-    from launch.bootstrap import ModelConfig, ensure_model
+    from launch.models.bootstrap import ModelConfig, ensure_model
     from learner.config import LearnerConfig
     from learner.group import LearnerGroup
     from learner.loss import LossConfig

@@ -4,7 +4,7 @@ parameters, optimizer state, peak memory, update time and what a weight sync sen
     .venv/bin/python tests/benchmarks/bench_lora.py                 # rank 16, 8 x 256 tokens
     .venv/bin/python tests/benchmarks/bench_lora.py --rank 8 --steps 2 --batch 4
 
-SmolLM2-135M-Instruct comes from the offline conversion (launch/bootstrap.py, ``source:
+SmolLM2-135M-Instruct comes from the offline conversion (launch/models/bootstrap.py, ``source:
 smollm2``). Each configuration runs in a fresh subprocess through the learner's own code: the
 loader (learner/policy.py ``load_policy``, which wraps the model for LoRA), AdamW over the
 parameters that require gradients (as the DeepSpeed rank builds it), ``microbatch_loss`` +
@@ -109,7 +109,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    from launch.bootstrap import ModelConfig, ensure_model
+    from launch.models.bootstrap import ModelConfig, ensure_model
 
     folder = ensure_model(ModelConfig(source="smollm2"), log=lambda *_: None)
     print(f"SmolLM2-135M, {args.batch} x {args.length} tokens, best of {args.steps} updates")

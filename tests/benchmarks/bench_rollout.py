@@ -52,7 +52,7 @@ def tokens_per_second(engine, prompts, params, reps=3) -> float:
 def main() -> None:
     import ray
 
-    from launch.bootstrap import ModelConfig, ensure_model
+    from launch.models.bootstrap import ModelConfig, ensure_model
     from reward.arithmetic import sample_problems
     from rollout.config import RolloutConfig
     from rollout.hf_engine import HFEngine

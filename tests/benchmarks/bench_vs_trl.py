@@ -151,7 +151,7 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from launch.config import to_train_config
+    from launch.validation import to_train_config
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return to_train_config(hydra_compose("config", overrides=overrides))
@@ -175,7 +175,7 @@ def export_spec(workload: Workload, out: Path) -> dict:
     folder, prompts and answers of the train split, and the hyperparameters, from our config."""
     from transformers import AutoTokenizer
 
-    from launch.bootstrap import ensure_model
+    from launch.models.bootstrap import ensure_model
     from launch.prompts import render
     from reward.tasks import make_task
 

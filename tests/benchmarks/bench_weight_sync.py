@@ -27,26 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def big_model(out: Path) -> str:
     """~125M parameters: 8 Llama layers of width 1024 (8 x 12.6M) + a 32k x 1024 untied
     embedding and head (2 x 33.6M, the tiny tokenizer uses its first ids only)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from launch.tiny_model import build_tokenizer
+    from launch.models.tiny_model import build_tokenizer
+    from tests.helpers import random_lm
 
     tok = build_tokenizer()
-    config = LlamaConfig(
-        vocab_size=32768,
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
+    ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id)  # fmt: skip
+    model = random_lm("Llama", 8, 1024, 2816, 8, 8, 32768, max_position_embeddings=256,
+                      tie_word_embeddings=False, **ids)  # fmt: skip
+    model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return str(out)
 
@@ -80,7 +69,7 @@ def measure(path: str, transport: str) -> tuple[float, float]:
 def main() -> None:
     import ray
 
-    from launch.bootstrap import ModelConfig, ensure_model
+    from launch.models.bootstrap import ModelConfig, ensure_model
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", nargs="+", default=["tiny", "500MB"])

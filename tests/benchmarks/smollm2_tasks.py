@@ -148,8 +148,8 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from launch.bootstrap import ensure_model
-    from launch.model_config import ModelConfig
+    from launch.models.bootstrap import ensure_model
+    from launch.models.model_config import ModelConfig
     from reward.tasks import TaskConfig, make_task
     from rollout.types import SamplingConfig
     from rollout.vllm_engine import VLLMEngine

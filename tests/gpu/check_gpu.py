@@ -69,8 +69,8 @@ def prompts(path: str, n: int) -> list[str]:
     from hydra import compose, initialize_config_dir
     from transformers import AutoTokenizer
 
-    from launch.config import to_train_config
     from launch.prompts import render
+    from launch.validation import to_train_config
     from reward.tasks import make_task
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -261,8 +261,8 @@ def main() -> int:
 
     signal.signal(signal.SIGALRM, out_of_time)
     signal.alarm(int(args.timeout))
-    from launch.bootstrap import ensure_model
-    from launch.model_config import ModelConfig
+    from launch.models.bootstrap import ensure_model
+    from launch.models.model_config import ModelConfig
 
     path = args.model or ensure_model(ModelConfig(source="smollm2"), log=lambda *_: None)
     print(f"GPU: {torch.cuda.get_device_name(0)}, model: {path}", flush=True)

@@ -66,7 +66,7 @@ SIZES = {
 def build_model(out: Path, size: dict) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from launch.tiny_model import build_tokenizer
+    from launch.models.tiny_model import build_tokenizer
 
     tok = build_tokenizer(vocab_size=size["vocab"])
     config = Qwen2Config(
@@ -193,7 +193,7 @@ def item_step(model: str, device: str, size: dict, zero_stage: int) -> dict:
 
         specs = [TensorSpec(n, d, s) for n, d, s in rank.weight_specs()]
         gathered = {}
-        for named in rank.gathered_buckets(plan_buckets(specs, 64 * 2**20)):
+        for named in rank.export.gathered_buckets(plan_buckets(specs, 64 * 2**20)):
             gathered |= {n: p.data.detach().to("cpu", copy=True) for n, p in named}
         equal = list(gathered) == [n for n, _ in rank.engine.module.named_parameters()] and all(
             torch.equal(gathered[n], after[n]) for n in gathered

@@ -5,7 +5,7 @@ machine (torch, transformers, numpy) with the wheels of tests/gpu/pack_wheels.py
     python tests/gpu/check_train_gpu.py [--out FILE] [--timeout 190]
     python tests/gpu/check_train_gpu.py --device cpu   # the same runs on the CPU (CI)
 
-Two runs of the shipped FAST_TINY model (launch/tiny_model.py, launch/assets/tiny-fast),
+Two runs of the shipped FAST_TINY model (launch/models/tiny_model.py, launch/assets/tiny-fast),
 colocated on the device (the hf engine and one ZeRO-2 DeepSpeed rank share one bundle: one
 GPU), bf16, the verifier pool, the collective weight sync (over gloo: NCCL refuses two ranks of
 one group on one GPU) and the learner's recomputed old log-probs, as the GPU presets:
@@ -50,7 +50,7 @@ WEIGHTS_SHARE = 1e-3  # of the elements step 3 changed, at most this share may d
 
 
 def overrides(device: str) -> list[str]:
-    from launch.tiny_model import FAST_TINY, tiny_overrides
+    from launch.models.tiny_model import FAST_TINY, tiny_overrides
 
     gpus = "1" if device == "cuda" else "0"
     return [

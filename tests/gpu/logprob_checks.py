@@ -73,7 +73,7 @@ def learner_logprobs(rank, cfg, batch) -> torch.Tensor:
     from learner.update import split_for_ranks
 
     per_rank, _, plans = split_for_ranks(batch, cfg, None)
-    return rank._learner_logprobs(per_rank[0][0], plans[0][0])
+    return rank.update.learner_logprobs(per_rank[0][0], plans[0][0])
 
 
 def with_logprobs(groups, logprobs: Callable) -> list:
@@ -111,7 +111,7 @@ def batched_gap(engine, cfg, batch) -> float:
     """A figure: the engine's own model run on the learner's micro-batches of ``batch`` (its
     split, rows and right padding) against the engine's decode log-probs. Near the learner's
     gap, the gap comes from scoring padded batches, not from the learner's code."""
-    from learner.logprobs import token_logprobs
+    from learner.tempered_logits import token_logprobs
     from learner.update import split_for_ranks
 
     per_rank, _, plans = split_for_ranks(batch, cfg, None)

@@ -158,7 +158,7 @@ def test_the_wheel_is_imported_not_the_checkout(installed):
 def test_the_wheel_loads_the_shipped_default_model_with_no_build(installed, tmp_path):
     """The default model's weights travel in the wheel (launch/assets/) and load from there,
     their id checked: an empty model cache stays empty."""
-    code = ("from launch.bootstrap import ModelConfig, ensure_model; "
+    code = ("from launch.models.bootstrap import ModelConfig, ensure_model; "
             f"ensure_model(ModelConfig(cache_dir={str(tmp_path)!r}))")  # fmt: skip
     out = installed.run("python", "-c", code)
     assert out.returncode == 0, out.stderr

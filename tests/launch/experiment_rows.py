@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launch.experiments import cell_id
-from launch.grid import command
+from launch.experiments.experiment import cell_id
+from launch.experiments.grid import command
 
 
 def experiment_file(tmp_path: Path, **extra) -> Path:

@@ -11,9 +11,9 @@ import re
 import pytest
 import torch
 
-from launch.bootstrap import MANIFEST, ModelConfig, built_facts, ensure_model, is_complete
-from launch.config import ConfigError
-from launch.tiny_model import FAST_TINY, TinyConfig, build_tokenizer, sampled_accuracy
+from launch.models.bootstrap import MANIFEST, ModelConfig, built_facts, ensure_model, is_complete
+from launch.models.tiny_model import FAST_TINY, TinyConfig, build_tokenizer, sampled_accuracy
+from launch.validation import ConfigError
 from reward.arithmetic import sample_problems
 from tests.helpers import PINNED_IDS, pinned_ids
 
@@ -96,7 +96,7 @@ def test_cache_is_reused_and_a_corrupt_build_is_rebuilt(tmp_path):
 
 
 def test_a_killed_build_leaves_no_complete_looking_folder(tmp_path):
-    from launch.bootstrap import build_cached
+    from launch.models.bootstrap import build_cached
 
     def dies(folder):
         (folder / "model.safetensors").write_bytes(b"partial")
@@ -116,7 +116,7 @@ def test_a_killed_build_leaves_no_complete_looking_folder(tmp_path):
 
 
 def test_changed_config_gets_its_own_folder(tmp_path):
-    from launch.bootstrap import _key
+    from launch.models.bootstrap import _key
 
     a = _key("tiny", {"hidden_size": 128})
     assert a == _key("tiny", {"hidden_size": 128}) and a != _key("tiny", {"hidden_size": 256})
@@ -167,7 +167,7 @@ def _plain_env() -> dict:
 
 
 def _weights(folder) -> str:
-    from launch.bootstrap import weights_id
+    from launch.models.bootstrap import weights_id
 
     return weights_id(folder) if (folder / MANIFEST).exists() else _sha8(folder)
 
@@ -185,7 +185,7 @@ def test_pinned_build_does_not_depend_on_the_cpu_capability(tmp_path):
     the pins these change the weights (the contrast below); with them, nothing changes. (What
     the emulation cannot reach: an Intel AVX-512 CPU builds other ids than an AMD AVX2 one
     under the same pins, tests/helpers.py ``PINNED_IDS``.)"""
-    from launch.tiny_model import build_tiny_pinned
+    from launch.models.tiny_model import build_tiny_pinned
 
     other_cpu = {
         **_plain_env(),
@@ -217,7 +217,7 @@ def test_the_shipped_models_load_with_their_ids_on_every_cpu(tiny, name, build, 
     manifests record the pinned numerics they were built with."""
     from pathlib import Path
 
-    from launch.bootstrap import ASSETS, weights_id
+    from launch.models.bootstrap import ASSETS, weights_id
 
     logs = []
     folder = ensure_model(ModelConfig(cache_dir=str(tmp_path), tiny=tiny), log=logs.append)
@@ -234,7 +234,7 @@ def test_a_damaged_shipped_model_is_an_error_naming_the_file(tmp_path, monkeypat
     folder: a ConfigError naming the file, not a run on other weights."""
     import shutil
 
-    import launch.bootstrap as bootstrap
+    import launch.models.bootstrap as bootstrap
 
     shutil.copytree(bootstrap.ASSETS / "tiny-fast", tmp_path / "tiny-fast")
     monkeypatch.setattr(bootstrap, "ASSETS", tmp_path)
@@ -252,7 +252,7 @@ def test_a_damaged_shipped_model_is_an_error_naming_the_file(tmp_path, monkeypat
 def test_rebuild_builds_the_shipped_config_here(tmp_path, monkeypatch):
     """``model.rebuild=true`` builds in the cache even where the config ships (the builder is
     stubbed: the default's build takes 7-25 min; test_default_build.py runs the real one)."""
-    import launch.tiny_model as tiny_model
+    import launch.models.tiny_model as tiny_model
 
     def fake_build(out_dir, cfg, log):
         (out_dir / "model.safetensors").write_bytes(b"built here")
@@ -268,7 +268,7 @@ def test_rebuild_builds_the_shipped_config_here(tmp_path, monkeypatch):
 def test_the_readme_names_the_default_weights_id():
     from pathlib import Path
 
-    from launch.tiny_model import DEFAULT_WEIGHTS_ID
+    from launch.models.tiny_model import DEFAULT_WEIGHTS_ID
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert f"weights id `{DEFAULT_WEIGHTS_ID}`" in readme

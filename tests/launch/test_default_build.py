@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from launch.bootstrap import ModelConfig, ensure_model, weights_id
+from launch.models.bootstrap import ModelConfig, ensure_model, weights_id
 from reward.arithmetic import sample_problems
 from tests.helpers import pinned_ids
 
@@ -30,7 +30,7 @@ def test_the_default_model_builds_its_cpu_familys_weights_and_is_partly_right(tm
     has little left to learn."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from launch.tiny_model import sampled_accuracy
+    from launch.models.tiny_model import sampled_accuracy
 
     folder = ensure_model(ModelConfig(cache_dir=str(tmp_path), rebuild=True), log=print)
     assert folder.startswith(str(tmp_path))  # built, not the shipped folder

@@ -79,7 +79,7 @@ def sweep(overrides: list[str], multirun: bool) -> list[list[str]]:
 
 def _model_check(overrides: list[str]) -> str:
     """model.path checked where this machine can (a folder, or a hub id in the cache)."""
-    from launch.bootstrap import _in_cache, check_model_path
+    from launch.models.bootstrap import _in_cache, check_model_path
     from tests.helpers import load
 
     model = load(*overrides).model
@@ -114,8 +114,8 @@ def validate_command(module: str, args: list[str]) -> None:
                 overrides.append(arg)
         check_overrides(overrides)
     elif module == "reproduce":
-        from launch.experiments import load_experiment
-        from launch.reproduce import parser
+        from launch.experiments.experiment import load_experiment
+        from launch.experiments.reproduce import parser
 
         load_experiment(parser().parse_args(args).experiment)
     elif module == "analyze":

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from launch.aggregate import aggregate, write_report
-from launch.experiments import ExperimentError, cell_id, load_experiment, summarize_run
-from launch.grid import host, pending, run_one
-from launch.reproduce import main
+from launch.experiments.aggregate import aggregate
+from launch.experiments.experiment import ExperimentError, cell_id, load_experiment, summarize_run
+from launch.experiments.grid import host, pending, run_one
+from launch.experiments.report import write_report
+from launch.experiments.reproduce import main
 from tests.launch.experiment_rows import evals_row, experiment_file, row
 
 
@@ -85,7 +86,7 @@ def test_greedy_accuracy_is_primary_only_where_the_experiment_names_it(tmp_path)
     exp.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = write_report(exp).read_text()
     assert "the primary one (final greedy accuracy, the experiment's endpoint)" in text
-    assert "| avspo | 1 | 0.500 | n/a | +10.0 |" in text  # 0.5 - 0.4 on seed 0, in points
+    assert "| avspo | 1 | n/a | 0.500 | n/a | +10.0 |" in text  # 0.5 - 0.4 on seed 0, in points
     with pytest.raises(ExperimentError, match="endpoint: 'pass_at_k' is not one of"):
         load_experiment(str(experiment_file(tmp_path, endpoint="pass_at_k")))
     # the default: mean@k at T = 1
@@ -126,3 +127,82 @@ def test_a_failed_run_row_records_the_machine_too(tmp_path):
     r = run_one(exp, exp.cells[0], 0)
     assert r["status"] == "failed" and "trainer.total_steps" in r["error"]
     assert r["host"] == host()
+
+
+def test_a_registered_pair_is_compared_with_its_partner_and_holm_counts_it(tmp_path):
+    """``pairs`` (issue 48, point 8): DCPO on recurring prompts is compared with GRPO on the same
+    prompts, as e1_pinned.yaml registered, not with the baseline; the Holm family holds that
+    comparison, and the table says which partner it had."""
+    axes = {"method": {"grpo": ["algorithm=grpo"], "grpo_recur": ["task.num_train=8"],
+                       "dcpo_recur": ["algorithm=dcpo", "task.num_train=8"]}}  # fmt: skip
+    path = experiment_file(tmp_path, axes=axes, pairs={"method": {"dcpo_recur": "grpo_recur"}})
+    exp = load_experiment(str(path))
+    acc = {"grpo": [0.5, 0.6, 0.7], "grpo_recur": [0.3, 0.4, 0.5], "dcpo_recur": [0.4, 0.6, 0.6]}
+    rows = [row(exp, m, s, a) for m, accs in acc.items() for s, a in enumerate(accs)]
+    for r in rows:  # the dose: 1 - effective / raw; DCPO treats 3 of 4 collapsed groups
+        r["acr_raw"], r["acr_effective"] = 0.4, 0.1 if r["cell"]["method"] == "dcpo_recur" else 0.4
+    cells = {c.cell["method"]: c for c in aggregate(exp, rows)}
+    assert cells["dcpo_recur"].figures["dose"].mean == pytest.approx(0.75)
+    assert cells["grpo"].figures["dose"].mean == 0.0
+    # dcpo_recur - grpo_recur per seed: +0.1, +0.2, +0.1 (against grpo it would be -0.1, 0, -0.1)
+    assert cells["dcpo_recur"].versus["final_accuracy"].mean == pytest.approx(0.4 / 3)
+    assert cells["dcpo_recur"].partner == "method=grpo_recur"
+    assert cells["grpo_recur"].versus["final_accuracy"].mean == pytest.approx(-0.2)  # vs grpo
+    assert cells["grpo_recur"].partner is None
+    # two comparisons in the family: both adjusted (Holm multiplies the smaller p by 2)
+    assert cells["dcpo_recur"].holm_p is not None and cells["grpo_recur"].holm_p is not None
+    exp.results.parent.mkdir(parents=True)
+    exp.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "(vs method=grpo_recur)" in write_report(exp).read_text()
+    with pytest.raises(ExperimentError, match="pairs.method.dcpo_recur"):
+        load_experiment(str(experiment_file(tmp_path, axes=axes,
+                                            pairs={"method": {"dcpo_recur": "nope"}})))  # fmt: skip
+
+
+def test_attempts_replaced_by_a_later_row_are_listed_under_the_grid(tmp_path):
+    """Issue 48, point 18: a failed attempt stays visible (when, how long, why) beside the row
+    that replaced it, whose count alone ("3 of 3 runs") would hide it."""
+    exp = load_experiment(str(experiment_file(tmp_path)))
+    rows = [row(exp, m, s, 0.4) for m in ("grpo", "avspo") for s in range(3)]
+    failed = {**rows[4], "status": "failed", "wall_s": 62.0, "finished": "2026-12-02T13:47",
+              "error": "exit status 1: \x1b[36m(LearnerRank)\x1b[0m boom"}  # fmt: skip
+    rows = [*rows[:4], failed, {**rows[4], "finished": "2026-12-02T13:54"}, rows[5]]
+    exp.results.parent.mkdir(parents=True)
+    exp.results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = write_report(exp).read_text()
+    assert "6 of 6 runs (6 ok)" in text
+    assert "- method=avspo seed 1: failed after 62 s, 2026-12-02T13:47: exit status 1: " \
+           "(LearnerRank) boom" in text  # fmt: skip
+
+
+def test_a_finished_run_leaves_its_rows_and_logs_but_not_its_checkpoints(tmp_path, monkeypatch):
+    """A grid's finished run deletes its checkpoints (SmolLM2: ~8 GB a run filled a disk); a
+    failed one keeps them for its retry to resume; ``keep_checkpoints: true`` keeps them all."""
+    import subprocess
+
+    import launch.experiments.grid as grid
+
+    real = subprocess.run
+
+    def fake_train(argv, **kwargs):  # a "run" that writes its metrics and a checkpoint
+        if "launch.train" not in argv:
+            return real(argv, **kwargs)  # git, for the row's revision
+        run_dir = Path(next(a for a in argv if a.startswith("trainer.run_dir=")).split("=", 1)[1])
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in
+                                                       evals("eval/mean@8")))  # fmt: skip
+        (run_dir / "config.yaml").write_text(EIGHT_OF_FOUR)
+        (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+        failing = "trainer.seed=1" in argv
+        return subprocess.CompletedProcess(argv, 1 if failing else 0)
+
+    monkeypatch.setattr(grid.subprocess, "run", fake_train)
+    exp = load_experiment(str(experiment_file(tmp_path, endpoint="final_mean_at_k")))
+    ok, failed = run_one(exp, exp.cells[0], 0), run_one(exp, exp.cells[0], 1)
+    assert ok["status"] == "ok" and failed["status"] == "failed"
+    assert (exp.run_dir(exp.cells[0], 0) / "metrics.jsonl").exists()
+    assert not (exp.run_dir(exp.cells[0], 0) / "checkpoints").exists()
+    assert (exp.run_dir(exp.cells[0], 1) / "checkpoints" / "step_000002").exists()
+    kept = load_experiment(str(experiment_file(tmp_path, endpoint="final_mean_at_k",
+                                               keep_checkpoints=True)))  # fmt: skip
+    assert run_one(kept, kept.cells[0], 2)["status"] == "ok"
+    assert (kept.run_dir(kept.cells[0], 2) / "checkpoints").exists()

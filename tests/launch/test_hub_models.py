@@ -1,5 +1,5 @@
-"""A hub id in ``model.path`` (launch/bootstrap.py ``local_model``, comm/hub.py): resolved to one
-commit and downloaded, a cache hit the second time, a pinned revision, offline and unreachable
+"""A hub id in ``model.path`` (launch/models/bootstrap.py ``local_model``, comm/hub.py): resolved to
+one commit and downloaded, a cache hit the second time, a pinned revision, offline and unreachable
 hubs, and the errors that name the key. The hub is tests/hub_server.py's FakeHub (it stands in for
 the network only: the resolution is huggingface_hub's own code)."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from comm.hub import ModelRef, node_folder
-from launch.bootstrap import local_model, pin_revision
-from launch.config import ConfigError
-from launch.model_config import ModelConfig
+from launch.models.bootstrap import local_model, pin_revision
+from launch.models.model_config import ModelConfig
+from launch.validation import ConfigError
 from tests.hub_server import FakeHub, hub_env
 
 REPO = "avspo-test/tiny"

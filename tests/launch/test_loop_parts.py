@@ -150,7 +150,7 @@ def test_evaluate_reports_greedy_accuracy_and_pass_at_k():
 def test_evaluation_says_which_pass_of_which_set_runs():
     """Progress of a long evaluation: each set (``i/m`` with its name when there are several)
     and each pass over it (greedy, then the samples) is announced before it runs."""
-    from launch.loop import evaluate_held_out
+    from launch.heldout import evaluate_held_out
     from reward.tasks import TaskConfig
 
     shown = []
@@ -314,9 +314,9 @@ def test_trainer_config_has_the_stable_keys():
 
 def test_prompts_over_the_context_are_dropped_and_counted_or_refused():
     """The tiny tokenizer is one token per character plus <s>: "1" * 50 is 51 tokens, "p0" 3."""
-    from launch.config import ConfigError
+    from launch.models.tiny_model import build_tokenizer
     from launch.stages import fit_context
-    from launch.tiny_model import build_tokenizer
+    from launch.validation import ConfigError
     from reward.tasks import Task
 
     tok = build_tokenizer()
@@ -381,7 +381,7 @@ def test_pass_at_k_from_more_samples_than_k():
 
 
 def test_eval_samples_below_k_is_a_config_error():
-    from launch.config import ConfigError, validate
+    from launch.validation import ConfigError, validate
 
     cfg = TrainConfig()
     cfg.trainer.eval_pass_k, cfg.trainer.eval_samples = 8, 4

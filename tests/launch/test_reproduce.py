@@ -13,16 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from launch.aggregate import (
+from launch.experiments.aggregate import (
     aggregate,
     at_tokens,
     equal_token_difference,
-    fit_markdown,
     identical_cells,
-    write_report,
 )
-from launch.experiments import ExperimentError, cell_id, load_experiment
-from launch.grid import append_row, command, pending, read_rows
+from launch.experiments.experiment import ExperimentError, cell_id, load_experiment
+from launch.experiments.grid import append_row, command, pending, read_rows
+from launch.experiments.report import fit_markdown, write_report
 from tests.conftest import fast_tiny_overrides
 from tests.launch.experiment_rows import evals_row, experiment_file, row
 
@@ -135,7 +134,9 @@ def test_mean_at_k_is_primary_holm_counts_identical_arms_once_and_shares_the_gai
     text = write_report(exp).read_text()
     # b: 0.30, 0.32, 0.34 -> 0.320, gain 0.120; differences 0, 0.01, 0.02: sd 0.01, ci
     # 4.302653 * 0.01 / sqrt(3) = 0.0248 -> "+1.0 +- 2.5" points, 1 / 11 = 9% of grpo's gain
-    assert "| b | 3 | 0.320 +- 0.050 | 0.120 +- 0.050 | +1.0 +- 2.5 | +9% (-13..+32%) |" in text
+    assert (
+        "| b | 3 | n/a | 0.320 +- 0.050 | 0.120 +- 0.050 | +1.0 +- 2.5 | +9% (-13..+32%) |" in text
+    )
     assert "(counted once)" in text and "| method=a |" in text
 
 
@@ -198,9 +199,9 @@ def test_the_report_section_is_replaced_between_its_markers(tmp_path):
     text = exp.report.read_text()
     assert text.count("<!-- reproduce:demo begin -->") == 1
     # greedy accuracy is the experiment's primary endpoint
-    assert "| grpo | 3 | 0.500 +- 0.248 | n/a | (baseline) |" in text
+    assert "| grpo | 3 | n/a | 0.500 +- 0.248 | n/a | (baseline) |" in text
     # avspo has one seed (0.5) paired with grpo's seed 0 (0.4): +10.0 points, no interval
-    assert "| avspo | 1 | 0.500 | n/a | +10.0 |" in text
+    assert "| avspo | 1 | n/a | 0.500 | n/a | +10.0 |" in text
     assert (exp.results.parent / "demo_final_accuracy.png").read_bytes()[:4] == b"\x89PNG"
     (exp.report).write_text(text + "\nhand-written after\n")
     write_report(exp)
@@ -261,7 +262,7 @@ def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_mode
         assert r["early_acr"] is not None and r["acr100"] is None  # 2 < 100 steps
         assert r["command"].endswith("algorithm=" + r["cell"]["method"] + " trainer.seed=0")
     # each row names the weights it started from; the broken config never got to a model
-    from launch.bootstrap import weights_id
+    from launch.models.bootstrap import weights_id
 
     assert rows[0]["model"] == weights_id(tiny_model_dir)
     assert rows[1]["model"] is None
@@ -296,7 +297,7 @@ def test_a_two_cell_grid_appends_rows_and_a_rerun_skips_them(tmp_path, tiny_mode
 def test_commit_rows_commits_the_results_file_alone(tmp_path):
     """``--commit``: after each run the results file is committed by itself; what else was
     staged stays staged (the results folder is a git repository here, made by the test)."""
-    from launch.grid import commit_rows, git_rev
+    from launch.experiments.grid import commit_rows, git_rev
 
     exp = load_experiment(str(experiment_file(tmp_path)))
     repo = exp.results.parent
@@ -386,7 +387,7 @@ def test_weights_id_names_the_weights_with_or_without_a_manifest(tmp_path, tiny_
     import hashlib
     import shutil
 
-    from launch.bootstrap import weights_id
+    from launch.models.bootstrap import weights_id
 
     blob = (Path(tiny_model_dir) / "model.safetensors").read_bytes()
     want = hashlib.sha256(blob).hexdigest()[:8]  # one weights file: its own hash's prefix
@@ -430,8 +431,8 @@ def test_cell_models_names_bad_configs_none_but_stops_on_a_failed_build(tmp_path
     """A cell whose config does not compose fails the same way on any machine, so it has no
     model (``None``); a model build that fails (a full disk, a broken cache) is this machine's
     problem and must stop the grid, not be recorded as a model-less row shown in every block."""
-    import launch.bootstrap
-    from launch.grid import cell_models
+    import launch.models.bootstrap
+    from launch.experiments.grid import cell_models
 
     spec = {"bad": ["algorithm=no_such_preset"], "grpo": ["algorithm=grpo"]}
     exp = load_experiment(str(experiment_file(tmp_path, axes={"method": spec})))
@@ -444,7 +445,7 @@ def test_cell_models_names_bad_configs_none_but_stops_on_a_failed_build(tmp_path
         (folder / "model.safetensors").write_bytes(b"w")
         return str(folder)
 
-    monkeypatch.setattr(launch.bootstrap, "ensure_model", fake_build)
+    monkeypatch.setattr(launch.models.bootstrap, "ensure_model", fake_build)
     models = cell_models(exp, log=lambda *a: None)
     assert models["method=bad"] is None and models["method=grpo"] is not None
     assert len(built) == 1  # the bad cell never got to a model
@@ -452,7 +453,7 @@ def test_cell_models_names_bad_configs_none_but_stops_on_a_failed_build(tmp_path
     def full_disk(cfg, log=print):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(launch.bootstrap, "ensure_model", full_disk)
+    monkeypatch.setattr(launch.models.bootstrap, "ensure_model", full_disk)
     with pytest.raises(OSError, match="No space"):
         cell_models(exp, log=lambda *a: None)
 
@@ -462,7 +463,7 @@ def test_a_cell_whose_model_folder_is_missing_stops_the_grid_with_the_key(
 ):
     """The paper's model preset pointed at a folder this machine lacks: one message naming
     model.path, exit 2, before any run starts and without a row."""
-    from launch.reproduce import main
+    from launch.experiments.reproduce import main
 
     missing = tmp_path / "no_such_model"
     monkeypatch.setenv("AVSPO_QWEN_MATH_1_5B", str(missing))
@@ -477,7 +478,7 @@ def test_a_cell_whose_model_folder_is_missing_stops_the_grid_with_the_key(
 def test_figures_of_ten_or_more_get_one_decimal_fractions_three():
     """Wall seconds of 69.7 read '69.7 +- 10.5', not '69.700 +- 10.460'; accuracies keep 3."""
     from diagnostics.stats import estimate
-    from launch.aggregate import _fmt
+    from launch.experiments.report import _fmt
 
     assert _fmt(estimate([59.24, 80.16]), 1.0).startswith("69.7 +- ")  # mean (59.24+80.16)/2
     assert _fmt(estimate([0.4, 0.5, 0.6]), 1.0) == "0.500 +- 0.248"  # t975(2) * 0.1 / sqrt(3)

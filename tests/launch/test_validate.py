@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from launch.config import ConfigError
+from launch.validation import ConfigError
 from tests.helpers import ROOT, load
 from tests.hub_server import FakeHub, hub_env
 
@@ -131,8 +131,8 @@ def test_validate_refuses_a_model_path_that_is_not_there(tmp_path, capsys, path,
     assert capsys.readouterr().err.startswith("config error: model.path: ")
     # the message is the reason given
     with pytest.raises(ConfigError, match=message):
-        from launch.bootstrap import check_model_path
-        from launch.model_config import ModelConfig
+        from launch.models.bootstrap import check_model_path
+        from launch.models.model_config import ModelConfig
 
         check_model_path(ModelConfig(source="path", path=path.format(tmp=tmp_path)))
 
@@ -149,8 +149,8 @@ FILES = {"config.json": json.dumps({"model_type": "llama"}), "model.safetensors"
 
 
 def test_a_hub_id_is_asked_not_downloaded_then_found_in_the_cache(monkeypatch, tmp_path):
-    from launch.bootstrap import check_model_path, local_model
-    from launch.model_config import ModelConfig
+    from launch.models.bootstrap import check_model_path, local_model
+    from launch.models.model_config import ModelConfig
 
     cfg = ModelConfig(source="path", path=REPO)
     with FakeHub() as hub:

@@ -56,7 +56,9 @@ def test_round_trip_continues_bit_exactly(ray_cluster, tiny_model_dir, tmp_path,
     assert state["step"] == 1 and state["extra"] == {"data_position": 17}
     restored = AdvantageStage(algorithm, reward_range=(0.0, 1.0), seed=0)
     restored.load_state_dict(state["advantage_stage"])
-    assert restored.trigger.state_dict() == stage.trigger.state_dict()  # threshold restored
+    assert (
+        restored.state.trigger.state_dict() == stage.state.trigger.state_dict()
+    )  # threshold restored
     assert resumed["actor/lr"] == continued["actor/lr"]  # scheduler restored (warmup 2/3)
     for k in expected:
         assert torch.equal(expected[k], got[k]), k  # optimizer moments restored: bit-exact

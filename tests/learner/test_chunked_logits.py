@@ -10,11 +10,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from learner.batch import build_batch
 from learner.config import LearnerConfig
-from learner.logprobs import logits_problem, model_logprobs, token_logprobs
+from learner.logprobs import logits_problem, model_logprobs
 from learner.loss import LossConfig
 from learner.policy import load_policy
+from learner.tempered_logits import token_logprobs
 from learner.update import microbatch_loss
 from rollout.types import Group, Sample
+from tests.helpers import random_lm
 
 
 def _groups(seed: int, lengths: list[int], vocab: int) -> list[Group]:
@@ -137,19 +139,7 @@ class _LargestTensor(TorchDispatchMode):
 def qwen_152k():
     """A Qwen2-style model at Qwen2.5's vocabulary, built from a config (no download): 151,936 x
     64 embeddings, untied output embedding, 2 layers (~19.6M parameters)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=151936,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
-    return Qwen2ForCausalLM(config).float()
+    return random_lm("Qwen2", 2, 64, 128, 4, 2, 151936, tie_word_embeddings=False)
 
 
 def test_152k_vocabulary_chunked_matches_full_without_the_full_logits(qwen_152k):
@@ -183,20 +173,7 @@ def test_gemma_soft_capping_is_applied_per_piece():
     """Gemma 2 computes cap * tanh(logits / cap) (config.final_logit_softcapping): the chunked
     path applies it too. Cap 2.0 (not Gemma's 30) so that it changes the numbers a lot: the
     uncapped softmax of the same hidden states would be far off (checked)."""
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Gemma2Config(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        final_logit_softcapping=2.0,
-    )
-    model = Gemma2ForCausalLM(config).float()
+    model = random_lm("Gemma2", 2, 32, 64, 4, 2, 97, head_dim=8, final_logit_softcapping=2.0)
     with torch.no_grad():  # bigger logits, so the cap matters
         model.get_output_embeddings().weight.mul_(20.0)
     batch = _batch(4, [3, 5, 2], vocab=97)

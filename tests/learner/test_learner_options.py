@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launch.config import ConfigError, to_train_config
+from launch.validation import ConfigError, to_train_config
 from learner.config import LearnerConfig
 from learner.policy import deepspeed_config, learner_dtype
 

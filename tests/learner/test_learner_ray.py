@@ -12,8 +12,8 @@ import torch
 from learner.advantage_stage import AdvantageStage
 from learner.config import AlgorithmConfig, LearnerConfig
 from learner.group import LearnerGroup
-from learner.logprobs import token_logprobs
 from learner.loss import LossConfig, policy_loss
+from learner.tempered_logits import token_logprobs
 from learner.trigger import TriggerConfig
 from rollout.types import Group, Sample
 from tests.helpers import train_batch

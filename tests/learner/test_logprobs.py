@@ -1,5 +1,6 @@
-"""Token log-probs and entropy at the sampling temperature (learner/logprobs.py), and the rank's
-micro-batch loss (learner/rank.py: microbatch_loss) on a real transformers model, no DeepSpeed."""
+"""Token log-probs and entropy at the sampling temperature (learner/tempered_logits.py), and the
+rank's micro-batch loss (learner/rank.py: microbatch_loss) on a real transformers model, no
+DeepSpeed."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from learner.batch import build_batch
-from learner.logprobs import token_logprobs
 from learner.loss import AGGREGATIONS, LossConfig
+from learner.tempered_logits import token_logprobs
 from learner.update import microbatch_loss
 from rollout.types import Group, Sample
 

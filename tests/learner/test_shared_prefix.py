@@ -1,6 +1,7 @@
-"""The shared-prefix forward (learner/logprobs.py ``shared_prefix_hidden``): each distinct prompt
-of a micro-batch runs once and the responses run on its KV cache. It must give the log-probs,
-entropies and gradients of the plain forward over every full row (float rounding apart)."""
+"""The shared-prefix forward (learner/shared_prefix.py ``shared_prefix_hidden``): each distinct
+prompt of a micro-batch runs once and the responses run on its KV cache. It must give the
+log-probs, entropies and gradients of the plain forward over every full row (float rounding
+apart)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from launch.config import ConfigError, TrainConfig, to_train_config
+from launch.config import TrainConfig
+from launch.validation import ConfigError, to_train_config
 from reward import verify
 from reward.extract import extract_choice
 from reward.tasks import TASK_NAMES, TASKS, TEST_ONLY_TASKS, DataError, TaskConfig, make_task

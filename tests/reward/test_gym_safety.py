@@ -89,7 +89,7 @@ def test_every_dataset_is_classified_once():
     ],
 )
 def test_unaudited_or_refused_datasets_fail_validation(dataset, message):
-    from launch.config import ConfigError, validate
+    from launch.validation import ConfigError, validate
     from reward.tasks import TaskConfig
 
     with pytest.raises(ConfigError, match=f"task.gym_dataset: .*{message}"):
@@ -99,7 +99,7 @@ def test_unaudited_or_refused_datasets_fail_validation(dataset, message):
 def test_an_unaudited_reasoning_gym_version_fails_validation(monkeypatch):
     """The audit read the scorers of one version: another may evaluate answers where this one
     did not, so every dataset is refused until the list is re-read."""
-    from launch.config import ConfigError, validate
+    from launch.validation import ConfigError, validate
     from reward import gym_audit
     from reward.tasks import TaskConfig
 

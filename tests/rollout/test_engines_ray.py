@@ -160,6 +160,9 @@ def test_a_worker_dying_mid_request_raises_a_clear_error(ray_cluster, tiny_model
     busy = _cpu_ticks(pid) + 20  # worker 1 has spent 0.2 s of CPU on the call: it is generating
     while _cpu_ticks(pid) < busy and time.monotonic() - t0 < 30:
         time.sleep(0.02)
+    # mid-request, or the test proves nothing: the worker is generating and the call still open
+    assert _cpu_ticks(pid) >= busy, "worker 1 never started generating within 30 s"
+    assert t.is_alive(), "the call ended before the kill"
     ray.kill(g.workers[1])
     t.join(timeout=90)
     assert not t.is_alive() and time.monotonic() - t0 < cfg.timeout_s

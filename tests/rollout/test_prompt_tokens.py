@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from launch.models.tiny_model import build_tokenizer
 from launch.prompts import render
-from launch.tiny_model import build_tokenizer
 from reward.tasks import Problem
 from rollout.engine import encode_prompt
 from rollout.hf_engine import HFEngine

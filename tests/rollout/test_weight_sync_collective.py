@@ -98,6 +98,44 @@ def test_a_receiver_expecting_another_version_stops_with_an_error():
     assert "out of step" in str(out["error"]) and "[4, 1, 2]" in str(out["error"])
 
 
+class _Recording:
+    """A process group that counts its aborts (gloo's own abort does nothing one can observe)."""
+
+    def __init__(self, group):
+        self.group, self.aborts = group, 0
+
+    def abort(self):
+        self.aborts += 1
+        self.group.abort()
+
+
+def test_closing_an_end_aborts_its_group_once():
+    store = torch.distributed.HashStore()
+    group = _Recording(open_group(store, 0, 1, backend="gloo", timeout_s=10))
+    end = Sender(group, store, [TensorSpec("w", "float32", (2,))], 1024, "gloo")
+    end.close()
+    end.close()  # a second close (a rebuild after a rebuild) finds nothing left to abort
+    assert group.aborts == 1 and end.group is None
+
+
+def test_a_rebuilt_sync_group_aborts_the_old_one_before_anything_else():
+    """learner/export.py ``open_group`` on a rank other than 0 (it plans buckets, holds no end):
+    a leftover sender is aborted and dropped. Rank 0 does the same before opening its new one."""
+    from comm.weight_protocol import SyncGroup
+    from learner.export import WeightExport
+
+    export = WeightExport(torch.nn.Linear(3, 2), rank=1, zero3=False)
+    old = Sender(_Recording(open_group(torch.distributed.HashStore(), 0, 1, backend="gloo",
+                                       timeout_s=10)), None, [], 1024, "gloo")  # fmt: skip
+    recorder = old.group
+    export.sender = old
+    group = SyncGroup("127.0.0.1", 1, 2, "gloo", 10.0, bucket_bytes=1024, generation=1)
+    export.open_group(group, listener=lambda port: None)
+    # Linear(3, 2): weight 6 x 4 B + bias 2 x 4 B = 32 B <= 1024: one bucket of both
+    assert recorder.aborts == 1 and export.sender is None
+    assert export.sync_buckets == [[0, 1]]
+
+
 def _forward_logprobs(model, prompt_ids, response_ids):
     ids = torch.tensor([prompt_ids + response_ids])
     with torch.no_grad():
@@ -200,7 +238,8 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
         tiny_model_dir,
     )
     cfg = RolloutConfig(engine="hf", num_workers=2, timeout_s=300, weight_sync="collective")
-    rollout = RolloutGroup(cfg, tiny_model_dir)
+    # a restarted worker gets the weights the others hold (as launch/stages.py wires it)
+    rollout = RolloutGroup(cfg, tiny_model_dir, on_restart=lambda i: sync.restore(i))
     sync = WeightSync(rollout, learner)
     params = SamplingConfig(n=4, temperature=1.0, max_new_tokens=8, seed=3)
     prompts = [f"{a}+{b}=" for a, b in ((1, 2), (3, 4), (5, 6), (7, 8))]

@@ -9,16 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.advantage import (
-    STRATEGIES,
-    avspo_advantages,
-    grpo_advantages,
-    rloo_advantages,
-    virtual_moments,
-    virtual_rewards,
-)
+from learner.advantage import avspo_advantages, grpo_advantages, rloo_advantages
 from learner.config import AlgorithmConfig
 from learner.estimators import ESTIMATORS, get_estimator
+from learner.trigger import TriggerConfig
+from learner.virtual_samples import STRATEGIES, virtual_moments, virtual_rewards
 from tests.reference import ref_avspo, ref_grpo, ref_rloo
 
 F64 = torch.float64
@@ -201,17 +196,28 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_registry_names_and_signature():
-    assert {"grpo", "dr_grpo", "rloo", "avspo"} <= set(ESTIMATORS)
-    cfg = AlgorithmConfig()
+    """Every estimator is called as fn(rewards, step, cfg, state): four arguments, the state
+    made by the entry's make_state (None where the estimator keeps none)."""
+    import inspect
+
+    from learner.estimators import Step
+
+    assert {"grpo", "dr_grpo", "rloo", "avspo", "avspo_release", "dcpo"} <= set(ESTIMATORS)
+    cfg = AlgorithmConfig(trigger=TriggerConfig(policy="fixed", tau_adapt_0=0.1))
     r, g = t([1.0, 1.0, 0.0, 1.0]), ids([0, 0, 1, 1])
-    for name in ("grpo", "dr_grpo", "rloo", "avspo"):
-        res = get_estimator(name)(r, g, cfg, tau_adapt=0.1, reward_range=(0.0, 1.0), generator=None)
+    step = Step(g, prompt_keys=["a", "b"], reward_range=(0.0, 1.0))
+    for name, entry in ESTIMATORS.items():
+        assert len(inspect.signature(entry.fn).parameters) <= 4, name
+        state = entry.make_state(cfg, 0) if entry.make_state else None
+        res = entry.fn(r, step, cfg, state)
         assert res.advantages.shape == (4,)
-        assert res.acr == 0.5
-    avspo = get_estimator("avspo")(
-        r, g, cfg, tau_adapt=0.1, reward_range=(0.0, 1.0), generator=None
-    )
-    assert avspo.num_virtual > 0  # registry passes tau_adapt through
+        assert res.acr == 0.5, name
+    assert {n for n, e in ESTIMATORS.items() if e.make_state} == {"avspo", "dcpo"}
+    entry = get_estimator("avspo")
+    avspo = entry.fn(r, step, cfg, entry.make_state(cfg, 0))
+    # the state's trigger decides: ACR 0.5 > the fixed tau_adapt 0.1, so group 0 is augmented
+    assert avspo.num_virtual > 0 and avspo.metrics["avspo/tau_adapt"] == 0.1
+    assert "avspo/tau_adapt" not in get_estimator("grpo").fn(r, step, cfg, None).metrics
 
 
 # ----------------------------------------------------------------------------- properties

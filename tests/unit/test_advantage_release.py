@@ -11,7 +11,7 @@ import torch
 from learner.advantage import avspo_release_advantages
 from learner.advantage_stage import AdvantageStage
 from learner.config import AlgorithmConfig
-from learner.estimators import get_estimator
+from learner.estimators import Step, get_estimator
 from learner.trigger import TriggerConfig
 from tests.helpers import load  # Hydra compose of conf/ + to_train_config
 
@@ -126,10 +126,11 @@ def test_bad_reward_range_is_rejected():
 
 def test_registry_matches_the_direct_call():
     cfg = AlgorithmConfig(estimator="avspo_release", eps=1e-4)
-    fn = get_estimator("avspo_release")
+    fn = get_estimator("avspo_release").fn
+    assert get_estimator("avspo_release").make_state is None  # no trigger, no state
     for rewards in ([0.0] * 8, [1.0] * 8, [1.0] * 4 + [1.0, 0.0, 0.0, 0.0]):
         r = t(rewards)
-        via = fn(r, G4, cfg, tau_adapt=0.5, reward_range=(0.0, 1.0), generator=None)
+        via = fn(r, Step(G4, reward_range=(0.0, 1.0)), cfg, None)
         direct = avspo_release_advantages(r, G4)
         assert torch.equal(via.advantages, direct.advantages)
         assert (via.triggered, via.num_virtual, via.k.tolist()) == (
@@ -137,15 +138,14 @@ def test_registry_matches_the_direct_call():
             direct.num_virtual,
             direct.k.tolist(),
         )
-    # tau_adapt is ignored: a threshold the paper's rule could never exceed changes nothing
-    via = fn(t([0.0] * 8), G4, cfg, tau_adapt=1.0, reward_range=(0.0, 1.0), generator=None)
-    assert via.triggered is True
+    # no threshold: a trigger the paper's rule could never exceed changes nothing
+    never = AlgorithmConfig(estimator="avspo_release", trigger=TriggerConfig(policy="never"))
+    via = fn(t([0.0] * 8), Step(G4), never, None)
+    assert via.triggered is True and "avspo/tau_adapt" not in via.metrics
 
 
 def test_advantage_stage_reports_the_release_rule():
-    cfg = AlgorithmConfig(
-        estimator="avspo_release", eps=1e-4, trigger=TriggerConfig(policy="never")
-    )
+    cfg = AlgorithmConfig(estimator="avspo_release", eps=1e-4)
     stage = AdvantageStage(cfg, reward_range=(0, 1), seed=0)
     res, m = stage(t([0.0] * 8), G4)
     assert m["avspo/triggered"] == 1.0 and m["avspo/virtual_samples"] == 2.0
@@ -157,12 +157,7 @@ def test_advantage_stage_reports_the_release_rule():
 
 def test_preset_composes():
     a = load("algorithm=avspo_release").algorithm
-    assert (a.name, a.estimator, a.eps, a.trigger.policy) == (
-        "avspo_release",
-        "avspo_release",
-        1e-4,
-        "never",
-    )
+    assert (a.name, a.estimator, a.eps) == ("avspo_release", "avspo_release", 1e-4)
     # everything else is the schema default
     assert (a.tau, a.unbiased_std) == (1e-6, True)
 

@@ -102,7 +102,7 @@ def test_dynamic_sampling_reward_and_length_are_over_everything_generated():
     verdicts = [V(1.0), V(0.0), V(0.0), V(0.0), V(0.0), V(0.0)]
     _, m, _ = stage.process(groups, verdicts, trained=[True, False, False])
     assert m["reward/mean"] == pytest.approx(1 / 6) and m["reward/mean_trained"] == 0.5
-    assert stage.trigger.tau_adapt == pytest.approx(0.75)
+    assert stage.state.trigger.tau_adapt == pytest.approx(0.75)
 
 
 def test_intrinsic_rewards_have_no_correct_incorrect_strata():

@@ -124,7 +124,7 @@ def test_a_prompt_twice_in_one_step_sees_its_first_group():
     # group 1 = visit 1 of x (GRPO: 1.5, -0.5); group 2 = visit 2, collapsed: history 0.362284
     got = [round(a, 6) for a in batch.advantages.tolist()]
     assert got[:4] == [1.5, -0.5, -0.5, -0.5] and got[4:] == [0.362284] * 4
-    assert stage.history.stats["x"][:2] == [2, 8]
+    assert stage.state.stats["x"][:2] == [2, 8]
 
 
 def test_the_preset_weights_tokens_as_dcpos_only_token_mean():

@@ -619,7 +619,7 @@ def train_overrides() -> list[list[str]]:
 def test_every_hydra_override_in_docker_composes_and_validates():
     from hydra import compose, initialize_config_dir
 
-    from launch.config import to_train_config
+    from launch.validation import to_train_config
 
     runs = train_overrides()
     assert len(runs) >= 5 and any(runs), runs  # compose commands, the smoke run, README examples

@@ -15,20 +15,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PURE = [  # docs/ARCHITECTURE.md section 3: torch and the standard library only
     "learner/advantage.py",
+    "learner/virtual_samples.py",
     "learner/loss.py",
     "learner/trigger.py",
     "learner/config.py",
     "learner/advantage_stage.py",
     "learner/logprobs.py",
+    "learner/tempered_logits.py",
+    "learner/shared_prefix.py",
     "learner/batch.py",
     "learner/update.py",
     "learner/dcpo.py",
     "learner/estimators.py",
     "diagnostics/acr.py",
-    "diagnostics/groups.py",
+    "comm/collapse.py",
+    "comm/groups.py",
     "rollout/seeding.py",
     "rollout/types.py",
     "reward/extract.py",
+    "reward/cells.py",
     "reward/intrinsic.py",
 ]
 HEAVY = ("ray", "vllm", "deepspeed", "torch.distributed", "transformers")

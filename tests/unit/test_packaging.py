@@ -35,7 +35,7 @@ PROVIDERS = {
 # declared, never imported by our code, needed anyway: distribution -> why
 RUNTIME_ONLY = {
     "tensorboard": "torch.utils.tensorboard (logger=tensorboard) imports it",
-    "gguf": "transformers' from_pretrained(gguf_file=...) (launch/smollm.py) needs it",
+    "gguf": "transformers' from_pretrained(gguf_file=...) (launch/models/smollm.py) needs it",
     "accelerate": "transformers' from_pretrained(gguf_file=...) raises without it",
     "ruff": "the linter `make test` runs",
     "pytest-xdist": "the pytest plugin behind `make test`'s -n (two test workers)",

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launch.config import ConfigError, TrainConfig, TrainerConfig, to_train_config
+from launch.config import TrainConfig, TrainerConfig
 from launch.loop import Trainer
 from launch.sampler import CollapseAwareSampler, PromptSampler, make_sampler
+from launch.validation import ConfigError, to_train_config
 from reward.tasks import Problem
 from reward.verifiers import Verdict
 from rollout.types import Group, Sample
@@ -27,7 +28,7 @@ def _problems(n: int) -> list[Problem]:
 
 
 def _aware(problems, seed=0, **kw) -> CollapseAwareSampler:
-    args = dict(prior=1.0, floor=0.05, temperature=1.0, decay=1.0) | kw
+    args = dict(prior=1.0, floor=0.05, exponent=1.0, decay=1.0) | kw
     return CollapseAwareSampler(problems, seed, **args)
 
 
@@ -68,7 +69,7 @@ def test_uniform_is_the_old_prompt_sampler_draw_for_draw(seed, n, ks):
 
 def test_weights_follow_the_formula():
     ps = _problems(3)
-    s = _aware(ps, prior=1.0, floor=0.05, temperature=1.0, decay=1.0)
+    s = _aware(ps, prior=1.0, floor=0.05, exponent=1.0, decay=1.0)
     assert s.weight("u0") == 0.5  # unseen: (0 + 1) / (0 + 2)
     for _ in range(3):
         s.update(["u0", "u1"], [True, False])
@@ -82,8 +83,8 @@ def test_weights_follow_the_formula():
     p4 = _aware(ps, prior=4.0)
     p4.update(["u0", "u0", "u0"], [True, True, True])  # three groups in one step count 3
     assert p4.weight("u0") == pytest.approx(4 / 11)
-    # temperature 0.5 squares p: 0.8 -> 0.64; 0.2 -> 0.04 -> floored at 0.05
-    t = _aware(ps, temperature=0.5)
+    # exponent 2 squares p: 0.8 -> 0.64; 0.2 -> 0.04 -> floored at 0.05
+    t = _aware(ps, exponent=2.0)
     for _ in range(3):
         t.update(["u0", "u1"], [True, False])
     assert t.weight("u1") == pytest.approx(0.64) and t.weight("u0") == 0.05
@@ -169,7 +170,7 @@ def test_collapse_aware_draws_more_mixed_groups_than_uniform_and_starves_none(se
     assert aware >= uniform + 0.12, f"mixed-group share: collapse-aware {aware:.3f}, {uniform=:.3f}"
     assert min(counts.values()) >= 1, [u for u, n in counts.items() if n == 0]
     assert sum(counts.values()) == 240  # equal draws: no extra rollouts
-    sharp, _ = _simulate(_aware(ps, seed, temperature=0.5, decay=0.99), ps, seed)
+    sharp, _ = _simulate(_aware(ps, seed, exponent=2.0, decay=0.99), ps, seed)
     assert sharp > aware, (sharp, aware)
 
 
@@ -223,12 +224,12 @@ def test_config_keys_reach_the_sampler():
         "trainer.prompt_sampler=collapse_aware",
         "trainer.sampler_prior=2",
         "trainer.sampler_floor=0.1",
-        "trainer.sampler_temperature=0.5",
+        "trainer.sampler_exponent=2",
         "trainer.sampler_decay=0.9",
     )
     s = make_sampler(_problems(3), cfg.trainer)
     assert isinstance(s, CollapseAwareSampler)
-    assert (s.prior, s.floor, s.temperature, s.decay) == (2.0, 0.1, 0.5, 0.9)
+    assert (s.prior, s.floor, s.exponent, s.decay) == (2.0, 0.1, 2.0, 0.9)
     assert _load().trainer == TrainerConfig()  # conf/config.yaml repeats the schema's defaults
 
 
@@ -239,7 +240,7 @@ def test_config_keys_reach_the_sampler():
         ("trainer.sampler_prior=0", "trainer.sampler_prior: must be > 0.0"),
         ("trainer.sampler_floor=0", "trainer.sampler_floor: must be > 0.0"),
         ("trainer.sampler_floor=1.5", "trainer.sampler_floor: must be <= 1.0"),
-        ("trainer.sampler_temperature=-1", "trainer.sampler_temperature: must be > 0.0"),
+        ("trainer.sampler_exponent=-1", "trainer.sampler_exponent: must be > 0.0"),
         ("trainer.sampler_decay=0", "trainer.sampler_decay: must be > 0.0"),
         ("trainer.sampler_decay=1.01", "trainer.sampler_decay: must be <= 1.0"),
     ],
@@ -432,3 +433,18 @@ def test_resuming_a_finished_run_returns_its_last_logged_row(tmp_path):
     assert final["eval/accuracy_start"] == 0.25 and final["eval/accuracy"] == 0.5
     assert t.rollout.calls == []  # nothing generated
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3  # no row added
+
+
+@pytest.mark.parametrize(
+    "override", ["trainer.sampler_temperature=0.5", "+trainer.sampler_temperature=2"]
+)
+def test_the_old_temperature_key_is_refused_naming_the_new_one(override, capsys):
+    """The prompt-weight exponent was called a temperature (1 / exponent); the old key, plain or
+    added with +, stops the run with one line that names its replacement."""
+    from launch.train import validate
+
+    with pytest.raises(SystemExit) as stopped:
+        validate([override], data=False)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "trainer.sampler_temperature was renamed: write trainer.sampler_exponent" in err

@@ -82,7 +82,7 @@ def test_stage_decides_with_current_threshold_then_updates():
     # 0.45 + 0.5 * (0.5 - 0.45) = 0.475.
     _, m2 = stage(r2, g)
     assert m2["avspo/tau_adapt"] == 0.45
-    assert stage.trigger.tau_adapt == pytest.approx(0.475)
+    assert stage.state.trigger.tau_adapt == pytest.approx(0.475)
 
 
 def test_stage_state_round_trip_includes_rng():
@@ -98,11 +98,14 @@ def test_stage_state_round_trip_includes_rng():
     assert torch.equal(a(r, g)[0].advantages, b(r, g)[0].advantages)
 
 
-def test_grpo_preset_never_augments():
-    cfg = AlgorithmConfig(estimator="grpo", trigger=TriggerConfig(policy="never"))
+def test_grpo_has_no_trigger_whatever_the_trigger_config_says():
+    """GRPO keeps no trigger state and logs no avspo/* metric, even with a trigger that would
+    fire on every collapsed group (policy always): presets need no trigger switch."""
+    cfg = AlgorithmConfig(estimator="grpo", trigger=TriggerConfig(policy="always"))
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
     res, m = stage(torch.ones(8), torch.tensor([0] * 4 + [1] * 4))
-    assert m["avspo/triggered"] == 0.0 and res.advantages.abs().sum() == 0
+    assert stage.state is None and not any(k.startswith("avspo/") for k in m)
+    assert res.advantages.abs().sum() == 0
 
 
 # ---- algorithm.trigger.acr_window (issue 24): ACR over the groups of the last W steps ---------
@@ -158,7 +161,7 @@ def test_adaptive_update_uses_the_window_acr():
         stage = AdvantageStage(cfg(window), reward_range=(0.0, 1.0), seed=0)
         stage(MIXED, ONE_GROUP)
         stage(COLLAPSED, ONE_GROUP)
-        assert stage.trigger.tau_adapt == pytest.approx(want), window
+        assert stage.state.trigger.tau_adapt == pytest.approx(want), window
 
 
 def test_window_is_in_the_checkpoint_state():

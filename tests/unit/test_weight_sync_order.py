@@ -78,9 +78,10 @@ def test_a_restarted_worker_gets_the_buckets_the_engines_hold():
     calls = Calls()
     rollout = Rollout(calls)
     sync = WeightSync(rollout, Learner(calls))
-    rollout.on_restart(0)  # before any sync: the model the worker starts with
+    assert not hasattr(rollout, "on_restart")  # the hook is given to the group, not patched on
+    sync.restore(0)  # before any sync: the model the worker starts with
     assert calls == []
     sync.sync(1)
     calls.clear()
-    rollout.on_restart(1)
+    sync.restore(1)
     assert calls == [("load_weights", ["ref0", "ref1"], 1, ("workers", [1]))]

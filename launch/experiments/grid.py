@@ -10,12 +10,13 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from launch.experiments import ROOT, Experiment, cell_id, summarize_run
+from launch.experiments.experiment import ROOT, Experiment, cell_id, summarize_run
 
 # --- the grid -------------------------------------------------------------------------------
 
@@ -92,15 +93,16 @@ def host() -> str:
 
 
 def cell_models(exp: Experiment, log=print) -> dict[str, str | None]:
-    """Each cell's model weights on this machine (cell id -> :func:`launch.bootstrap.weights_id`),
-    building the model where the cache lacks it, as its run would. ``None`` for a cell whose
-    config does not compose or validate: its run fails before any model, wherever it runs. Any
-    other failure (a model build that fails: a full disk, a broken cache) is this machine's and
-    stops the grid rather than becoming a model-less row that every model's block would show."""
+    """Each cell's model weights on this machine (cell id ->
+    :func:`launch.models.bootstrap.weights_id`), building the model where the cache lacks it, as its
+    run would. ``None`` for a cell whose config does not compose or validate: its run fails before
+    any model, wherever it runs. Any other failure (a model build that fails: a full disk, a broken
+    cache) is this machine's and stops the grid rather than becoming a model-less row that every
+    model's block would show."""
     from hydra import compose, initialize_config_dir
 
-    import launch.bootstrap as bootstrap
-    from launch.config import COMPOSE_ERRORS, to_train_config
+    import launch.models.bootstrap as bootstrap
+    from launch.validation import COMPOSE_ERRORS, to_train_config
 
     out, by_spec = {}, {}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -189,6 +191,8 @@ def run_one(exp: Experiment, cell: dict[str, str], seed: int, model: str | None 
         row |= {"status": "failed", "error": f"{error}: " + " | ".join(tail)[-1500:]}
     else:
         row["status"] = "ok"
+        if not exp.keep_checkpoints:  # the row holds what the report reads; a failed run keeps
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # them, to resume
     return row
 
 
@@ -207,9 +211,10 @@ def pending(
     models: dict[str, str | None] | None = None,
     only: dict[str, set[str]] | None = None,
 ) -> list[tuple[dict, int]]:
-    """The (cell, seed) pairs still to run, seed-major; with ``models`` (:func:`cell_models`),
-    a row counts only where it was made from the weights this machine's run would start from;
-    with ``only`` (:func:`launch.experiments.parse_only`), the cells with those axis values."""
+    """The (cell, seed) pairs still to run, seed-major; with ``models`` (:func:`cell_models`), a row
+    counts only where it was made from the weights this machine's run would start from; with
+    ``only`` (:func:`launch.experiments.experiment.parse_only`), the cells with those axis
+    values."""
     done = latest(rows, exp, models)
     todo = []
     for seed in exp.seeds:

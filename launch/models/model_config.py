@@ -1,11 +1,11 @@
-"""The ``model`` config group's schema (``conf/model/*.yaml``); launch/bootstrap.py resolves it
-to a local folder."""
+"""The ``model`` config group's schema (``conf/model/*.yaml``); launch/models/bootstrap.py resolves
+it to a local folder."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launch.tiny_model import TinyConfig
+from launch.models.tiny_model import TinyConfig
 
 
 @dataclass

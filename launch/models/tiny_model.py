@@ -169,12 +169,13 @@ def sampled_accuracy(
     )
 
 
-# The weights ids (launch/bootstrap.py weights_id) of the two tiny models that ship with the
-# project (launch/assets/): the default TinyConfig's and FAST_TINY's, built with the pins below
-# on an AMD EPYC (AVX2 and AVX-512 both build these bytes). Every published result used the
-# default's; the README names it. A run whose config is one of these loads the shipped files
-# (launch/bootstrap.py); a rebuild (``model.rebuild=true``) on an Intel Xeon with AVX-512 gives
-# other ids under the same pins (docs/NOTES.md), and the run says its results are not comparable.
+# The weights ids (launch/models/bootstrap.py weights_id) of the two tiny models that ship with the
+# project (launch/assets/): the default TinyConfig's and FAST_TINY's, built with the pins below on
+# an AMD EPYC (AVX2 and AVX-512 both build these bytes). Every published result used the default's;
+# the README names it. A run whose config is one of these loads the shipped files
+# (launch/models/bootstrap.py); a rebuild (``model.rebuild=true``) on an Intel Xeon with AVX-512
+# gives other ids under the same pins (docs/NOTES.md), and the run says its results are not
+# comparable.
 DEFAULT_WEIGHTS_ID = "4aa8613f"
 FAST_TINY_WEIGHTS_ID = "5e521f73"
 
@@ -246,8 +247,8 @@ def build_tiny_pinned(
     from dataclasses import asdict
 
     child_env = {**(os.environ if env is None else env), **(PINNED_ENV if pins is None else pins)}
-    child_env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
-    cmd = [sys.executable, "-m", "launch.tiny_model", str(out_dir), json.dumps(asdict(cfg))]
+    child_env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    cmd = [sys.executable, "-m", "launch.models.tiny_model", str(out_dir), json.dumps(asdict(cfg))]
     proc = subprocess.Popen(
         cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -284,7 +285,7 @@ def _build_bar(total: int):
 
 
 def _child_main(argv: list[str]) -> None:
-    """``python -m launch.tiny_model OUT_DIR CONFIG_JSON``: the pinned build's child."""
+    """``python -m launch.models.tiny_model OUT_DIR CONFIG_JSON``: the pinned build's child."""
     import json
     import os
 

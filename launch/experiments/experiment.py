@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf" / "reproduce"
 KEYS = {
     "description",
@@ -20,11 +20,13 @@ KEYS = {
     "base",
     "axes",
     "baseline",
+    "pairs",
     "tables_by",
     "fit",
     "timeout_s",
     "report",
     "endpoint",
+    "keep_checkpoints",
 }
 # The primary endpoints an experiment may name (``endpoint``; its ok rows must carry it) ->
 # (its curve in a row's evals, its gain, the endpoint shown beside it)
@@ -41,13 +43,14 @@ FIGURES = (
     ("final_pass_at_k", "final pass@k", 1.0),
     ("acr_raw", "ACR raw", 1.0),
     ("acr_effective", "ACR effective", 1.0),
+    ("dose", "collapsed groups treated", 1.0),
     ("acr_low", "all-incorrect", 1.0),
     ("acr_high", "all-correct", 1.0),
     ("early_acr", "early ACR", 1.0),
     ("generated_tokens", "rollout tokens (k)", 1e-3),
     ("grad_tokens", "grad tokens (k)", 1e-3),
     ("wall_s", "wall s", 1.0),
-)  # (row key, column head, scale); gain_mean_at_k is derived (launch/aggregate.py)
+)  # (row key, column head, scale); gain_mean_at_k and dose are derived (aggregate.py)
 
 
 class ExperimentError(ValueError):
@@ -73,7 +76,21 @@ class Experiment:
     # the primary endpoint, named before the runs: held-out mean@n at T = 1 (the default), or
     # greedy accuracy for a grid that samples none (eval_pass_k=0); never a silent fallback
     endpoint: str = "final_mean_at_k"
+    # registered pairings other than the baseline: {axis: {value: the value it is paired with}}
+    # (e.g. DCPO on recurring prompts against GRPO on the same recurring prompts)
+    pairs: dict[str, dict[str, str]] = field(default_factory=dict)
+    # a finished run's checkpoints are deleted once its row is written (SmolLM2: ~8 GB a run)
+    keep_checkpoints: bool = False
     cells: list[dict[str, str]] = field(init=False)
+
+    def partner(self, cell: dict[str, str]) -> dict[str, str]:
+        """The cell ``cell`` is compared with: the baseline's values, except where ``pairs``
+        registered another partner for one of ``cell``'s values."""
+        out = {**cell, **self.baseline}
+        for axis, mapping in self.pairs.items():
+            if cell[axis] in mapping:
+                out[axis] = mapping[cell[axis]]
+        return out
 
     def __post_init__(self):
         self.cells = [
@@ -143,6 +160,25 @@ def _axes(raw: dict, bad) -> tuple[dict, dict]:
     return axes, {str(k): str(v) for k, v in baseline.items()}
 
 
+def _pairs(raw: dict, axes: dict, baseline: dict, bad) -> dict[str, dict[str, str]]:
+    """``pairs: {axis: {value: partner}}``: cells with ``value`` are compared with the same cell
+    at ``partner`` instead of the baseline's value (both values of an axis with a baseline)."""
+    pairs = raw.get("pairs") or {}
+    if not isinstance(pairs, dict):
+        raise bad("pairs", "must map axes to {value: the value it is paired with}")
+    out = {}
+    for axis, mapping in pairs.items():
+        if axis not in baseline or not isinstance(mapping, dict):
+            raise bad(f"pairs.{axis}", "must be an axis of the baseline, mapping value -> value")
+        for value, partner in mapping.items():
+            if str(value) not in axes[axis] or str(partner) not in axes[axis]:
+                raise bad(f"pairs.{axis}.{value}", f"{value!r} or {partner!r} is not a value")
+            if str(value) == str(partner):
+                raise bad(f"pairs.{axis}.{value}", "a value cannot be paired with itself")
+        out[str(axis)] = {str(v): str(p) for v, p in mapping.items()}
+    return out
+
+
 def _fits(raw: dict, bad) -> list[dict]:
     fit_cfg = raw.get("fit")
     fits = [] if fit_cfg is None else [fit_cfg] if isinstance(fit_cfg, dict) else fit_cfg
@@ -194,6 +230,8 @@ def load_experiment(name_or_path: str) -> Experiment:
         fits=_fits(raw, bad),
         timeout_s=float(raw.get("timeout_s", 3600.0)),
         endpoint=endpoint,
+        pairs=_pairs(raw, axes, baseline, bad),
+        keep_checkpoints=bool(raw.get("keep_checkpoints", False)),
     )
 
 
