@@ -5,6 +5,7 @@ B-lite"):
     python tests/gpu/pack_vllm.py [--wheel vllm-0.26.0-...whl] [--out DIR] [--part-mib 40]
     python tests/gpu/pack_vllm.py --check DIR                  # there: which parts are in DIR
     python tests/gpu/pack_vllm.py --install DIR --target SITE  # there: verify, join, install
+    PYTHONPATH=SITE python tests/gpu/pack_vllm.py --smoke      # there: two kernels run
 
 Packing: vLLM's wheel (290 MiB) is repacked without what a bf16 run of a small dense model on
 compute capability 9.0 never loads (:data:`DROP`, each with why), its native libraries stripped
@@ -34,6 +35,7 @@ import hashlib
 import io
 import json
 import lzma
+import shutil
 import struct
 import subprocess
 import sys
@@ -42,11 +44,8 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-if __package__ in (None, ""):  # run as a script: import the Ray pack's helpers beside it
-    sys.path.insert(0, str(HERE))
-    from pack_wheels import _stripped, distribution
-else:
-    from tests.gpu.pack_wheels import _stripped, distribution
+sys.path.insert(0, str(HERE.parents[1]))  # run as a script too (on the GPU machine)
+from tests.gpu.pack_wheels import _stripped, distribution  # noqa: E402
 
 VLLM = "vllm==0.26.0"
 MIB = 2**20
@@ -112,7 +111,10 @@ DEPS = [
     "compressed-tensors==0.17.0", "depyf==0.20.0", "astor==0.8.1", "dill==0.4.1",
     # imported when vLLM's config is: reasoning parsers (entrypoints/mcp/tool_server.py) and
     # the structured-output grammar types (v1/structured_output/backend_guidance.py)
-    "openai-harmony==0.0.8", "llguidance==1.7.6",
+    "openai-harmony==0.0.8", "llguidance==1.7.6", "xgrammar==0.2.8",
+    # xgrammar's bindings; vLLM pins 0.1.10 for FlashInfer and FA4's CuTe code (neither packed),
+    # xgrammar 0.2.8 needs >= 0.1.11: the pair the CPU stack runs
+    "apache-tvm-ffi==0.1.15.post2",
 ]  # fmt: skip
 
 # Requires-Dist left out: none of them is reached by the rehearsal's import chain.
@@ -120,11 +122,13 @@ LEFT_OUT = {
     "the OpenAI server (vllm serve), tracing": ["prometheus-fastapi-instrumentator", "anthropic",
         "mcp", "model-hosting-container-standards", "opentelemetry-*", "watchfiles",
         "python-json-logger", "ijson", "gguf"],
-    "structured output (guided decoding), but llguidance": ["lm-format-enforcer",
-        "outlines-core", "lark", "xgrammar"],
+    "the other structured-output backends (imported when a request asks for one)": [
+        "lm-format-enforcer", "outlines-core", "lark"],
+    "fastapi[standard]'s extras (fastapi and starlette import them when serving)": [
+        "email-validator", "python-multipart", "uvicorn"],
     "multimodal and video inputs": ["torchcodec", "PyNvVideoCodec"],
     "other kernel families (FlashInfer, TileLang, CuTe DSL, MLA, quantized)": [
-        "flashinfer-python", "apache-tvm-ffi", "tilelang", "nvidia-cudnn-frontend",
+        "flashinfer-python", "tilelang", "nvidia-cudnn-frontend",
         "nvidia-cutlass-dsl", "quack-kernels", "tokenspeed-mla", "humming-kernels"],
     "optional loaders and profiling": ["fastsafetensors", "nvtx"],
 }  # fmt: skip
@@ -305,6 +309,13 @@ def repack(src: Path, dst: Path, drop=(), fatbin: bool = True) -> dict:
     return {"kept": len(kept), "dropped": dropped, "fatbin": cut, **mib}
 
 
+def repacked(wheel: Path) -> bool:
+    """Whether ``wheel`` is one :func:`repack` made (every file but RECORD LZMA-compressed)."""
+    with zipfile.ZipFile(wheel) as z:
+        return all(i.compress_type == zipfile.ZIP_LZMA for i in z.infolist()
+                   if not i.filename.endswith("/RECORD"))  # fmt: skip
+
+
 def record_row(name: str, data: bytes) -> list[str]:
     """A wheel RECORD row (csv: vLLM has file names with commas): name, hash, size."""
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -390,6 +401,41 @@ def install(folder: Path, target: Path, python: str = sys.executable) -> int:
     return code
 
 
+def smoke() -> int:
+    """After the install, with its folder on PYTHONPATH: vLLM imports from the pack, and where a
+    GPU is, one kernel of each cut library runs against torch (the first sign that the CUDA code
+    cut to 9.0 loads): rms_norm (vllm._C_stable_libtorch) and FlashAttention 3's varlen forward
+    against scaled_dot_product_attention. Exit 0 if all pass."""
+    import torch
+    import vllm
+
+    print(f"vllm {vllm.__version__} from {Path(vllm.__file__).parent}; torch {torch.__version__}")
+    if not torch.cuda.is_available():
+        print("no CUDA: kernels not run")
+        return 0
+    from vllm import _custom_ops as ops
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 896, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(896, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    ops.rms_norm(out, x, w, 1e-6)
+    ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)) * w.float()
+    norm_err = (out.float() - ref).abs().max().item()
+    q, k, v = (torch.randn(2 * 128, 14, 64, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+    cu = torch.tensor([0, 128, 256], device="cuda", dtype=torch.int32)
+    got = flash_attn_varlen_func(q, k, v, 128, cu, 128, cu, causal=True, fa_version=3)
+    want = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        *(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True).transpose(0, 1)
+        for a, b in ((0, 128), (128, 256))])  # fmt: skip
+    attn_err = (got.float() - want.float()).abs().max().item()
+    ok = norm_err < 0.1 and attn_err < 0.05
+    print(f"{'PASS' if ok else 'FAIL'} kernels on {torch.cuda.get_device_name(0)}: rms_norm max "
+          f"|err| {norm_err:.3g}, FA3 varlen vs sdpa max |err| {attn_err:.3g}")  # fmt: skip
+    return 0 if ok else 1
+
+
 # ---- packing ----------------------------------------------------------------------------------
 
 
@@ -427,6 +473,10 @@ def build(args) -> int:
             if name in IMAGE:
                 continue
             drop = DROP if name == "vllm" else TRIM_DEPS.get(name, {})
+            if repacked(src):  # --wheel naming one this tool made: nothing left to do
+                shutil.copy(src, wheels / src.name)
+                lines.append(f"{src.stat().st_size / MIB:8.2f} MiB (repacked before)  {src.name}")
+                continue
             got = repack(src, wheels / src.name, tuple(drop), fatbin=not args.keep_fatbin)
             lines.append(
                 f"{got['mib_before']:8.2f} -> {got['mib_after']:6.2f} MiB  {src.name}"
@@ -462,7 +512,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", type=Path, metavar="DIR", help="which parts are in DIR")
     ap.add_argument("--install", type=Path, metavar="DIR", help="install the parts in DIR")
     ap.add_argument("--target", type=Path, default=Path("/tmp/vllm_site"))
+    ap.add_argument("--smoke", action="store_true", help="import vLLM, run two kernels (GPU)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        return smoke()
     if args.check is not None:
         manifest, problems = check(args.check)
         n = len(manifest["parts"])

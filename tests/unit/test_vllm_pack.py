@@ -82,8 +82,10 @@ def test_the_repacked_wheel_installs_offline_from_its_parts(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     dst = wheels / "vllm-9.9-py3-none-any.whl"
-    got = pv.repack(fake_wheel(tmp_path), dst, tuple(pv.DROP))
-    assert got["dropped"] == 1 and got["kept"] == 4
+    src = fake_wheel(tmp_path)
+    assert not pv.repacked(src)
+    got = pv.repack(src, dst, tuple(pv.DROP))
+    assert got["dropped"] == 1 and got["kept"] == 4 and pv.repacked(dst)
     with zipfile.ZipFile(dst) as z:
         assert "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" not in z.namelist()
         assert z.getinfo("vllm/__init__.py").compress_type == zipfile.ZIP_LZMA
