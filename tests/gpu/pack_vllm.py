@@ -13,11 +13,11 @@ compute capability 9.0 never loads (:data:`DROP`, each with why), its native lib
 (:func:`hopper_fatbin`), every file LZMA-compressed (Python's zipfile, and so pip, reads it).
 Beside it go the dependencies the GPU image lacks (:data:`DEPS`, wheels for the target
 Python); those it has (:data:`IMAGE`) never go (a second copy on PYTHONPATH would shadow the
-machine's own), nor those only ``vllm serve``, structured output, multimodal inputs or other
-kernels' families import (:data:`LEFT_OUT`). The wheels go into one uncompressed zip, split into
-parts of at most ``--part-mib`` with ``manifest.json`` (names, sizes, sha256 of each part and of
-the whole), all in ``tests/gpu/vllm_pack`` (git-ignored). Prints each wheel's size, the parts
-and the total; exits 1 if a part is over ``--part-mib``.
+machine's own), nor those only ``vllm serve``, the other structured-output backends,
+multimodal inputs or other kernels' families import (:data:`LEFT_OUT`). The wheels go into one
+uncompressed zip, split into parts of at most ``--part-mib`` with ``manifest.json`` (names,
+sizes, sha256 of each part and of the whole), all in ``tests/gpu/vllm_pack`` (git-ignored).
+Prints each wheel's size, the parts and the total; exits 1 if a part is over ``--part-mib``.
 
 ``--part-mib`` 40: a device call carries at most 64 MiB with the repository (19.3 MiB tracked,
 2026-12-05), so one part and the repository fit with room to spare.
