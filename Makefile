@@ -3,6 +3,7 @@
 #   make test    # the test suite (what .ci/run runs) + ruff
 #   make test-fast  # no Ray: unit, property and doc tests
 #   make test-default-build  # the shipped default rebuilt here, its id checked (7-25 min; not in make test)
+#   make test-vllm-pack  # the vLLM pack for a bare GPU machine built and rehearsed (network; not in make test)
 # Extra Hydra overrides: make train ARGS="algorithm=grpo trainer.total_steps=20"
 
 PYTHON ?= python3
@@ -16,7 +17,7 @@ PYTEST_ARGS ?=
 # test processes of `make test` (pytest-xdist), each a whole file at a time; 2 for 2 cores
 TEST_WORKERS ?= 2
 
-.PHONY: setup train test test-fast test-default-build lint bench clean
+.PHONY: setup train test test-fast test-default-build test-vllm-pack lint bench clean
 
 setup: $(STAMP)
 
@@ -59,6 +60,11 @@ test-fast: setup
 # (tests/launch/test_default_build.py)
 test-default-build: setup
 	$(BIN)/python -m pytest -m default_build -s $(PYTEST_ARGS)
+
+# the vLLM pack for a bare Hopper machine built (network) and its imports rehearsed here
+# (tests/rollout/test_vllm_pack_rehearsal.py; docs/cluster.md, "Part B-lite")
+test-vllm-pack: setup
+	$(BIN)/python -m pytest -m vllm_pack -s tests/rollout/test_vllm_pack_rehearsal.py $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
