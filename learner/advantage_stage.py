@@ -147,7 +147,7 @@ class AdvantageStage:
         self.cfg = cfg
         self.reward_range = (float(reward_range[0]), float(reward_range[1]))
         estimator = get_estimator(cfg.estimator)
-        self.estimator = estimator.fn
+        self.estimator, self.estimator_keys = estimator.fn, estimator.metrics
         # the estimator's own state (None: stateless), e.g. AVSPO's trigger and virtual-reward RNG
         self.state = estimator.make_state(cfg, seed) if estimator.make_state else None
         self.monitor = ACRMonitor(
@@ -195,7 +195,7 @@ class AdvantageStage:
         rows = est[group_ids]  # [N]
         mean_reward = float(rewards.double().mean())  # J_t: over everything generated
         advantages = torch.zeros_like(rewards)  # groups left out: no gradient
-        result, metrics = None, {}
+        result, metrics = None, dict.fromkeys(self.estimator_keys, 0.0)  # kept if none trains
         if est.any():  # (none: every group of the step faulted)
             ids = torch.arange(int(est.sum())).repeat_interleave(sizes[est])
             result, metrics = self(rewards[rows], ids, _pick(prompt_keys, est), mean_reward)

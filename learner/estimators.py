@@ -43,20 +43,32 @@ class Step(NamedTuple):
     reward_range: tuple[float, float] = (0.0, 1.0)  # the task's (r_lo, r_hi)
 
 
+AUGMENTATION_KEYS = (
+    "avspo/triggered",
+    "avspo/k",
+    "avspo/virtual_samples",
+    "avspo/augmented_groups",
+)
+TRIGGER_KEYS = ("avspo/tau_adapt", "avspo/acr_trigger")
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimator:
     fn: Callable[[Tensor, Step, Any, Any], AdvantageResult]
     make_state: Callable[[Any, int], Any] | None = None  # (cfg, seed) -> the run's state
+    metrics: tuple[str, ...] = ()  # what it logs every step: 0 in a step with no group to train
 
 
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register_estimator(name: str, make_state: Callable | None = None) -> Callable:
+def register_estimator(
+    name: str, make_state: Callable | None = None, metrics: tuple[str, ...] = ()
+) -> Callable:
     def deco(fn):
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} registered twice")
-        ESTIMATORS[name] = Estimator(fn, make_state)
+        ESTIMATORS[name] = Estimator(fn, make_state, metrics)
         return fn
 
     return deco
@@ -120,7 +132,7 @@ class AVSPOState:
         self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
 
 
-@register_estimator("avspo", make_state=AVSPOState)
+@register_estimator("avspo", make_state=AVSPOState, metrics=AUGMENTATION_KEYS + TRIGGER_KEYS)
 def _avspo(rewards, step, cfg, state: AVSPOState):
     a = cfg.avspo
 
@@ -147,7 +159,7 @@ def _avspo(rewards, step, cfg, state: AVSPOState):
     return _with_metrics(result, augmentation_metrics(result) | state.trigger.last)
 
 
-@register_estimator("avspo_release")
+@register_estimator("avspo_release", metrics=AUGMENTATION_KEYS)
 def _avspo_release(rewards, step, cfg, state=None):
     # no threshold and no trigger state: the rule fires on single-label groups (or steps)
     result = avspo_release_advantages(
@@ -162,7 +174,11 @@ def _avspo_release(rewards, step, cfg, state=None):
     return _with_metrics(result, augmentation_metrics(result))
 
 
-@register_estimator("dcpo", make_state=lambda cfg, seed: PromptHistory())
+@register_estimator(
+    "dcpo",
+    make_state=lambda cfg, seed: PromptHistory(),
+    metrics=(*AUGMENTATION_KEYS, "dcpo/history_groups"),
+)
 def _dcpo(rewards, step, cfg, history: PromptHistory):
     keys = step.prompt_keys
     if keys is None:

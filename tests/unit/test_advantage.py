@@ -210,6 +210,7 @@ def test_registry_names_and_signature():
         assert len(inspect.signature(entry.fn).parameters) <= 4, name
         state = entry.make_state(cfg, 0) if entry.make_state else None
         res = entry.fn(r, step, cfg, state)
+        assert set(res.metrics) == set(entry.metrics), name  # what a step without groups zeroes
         assert res.advantages.shape == (4,)
         assert res.acr == 0.5, name
     assert {n for n, e in ESTIMATORS.items() if e.make_state} == {"avspo", "dcpo"}
