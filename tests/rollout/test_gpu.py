@@ -144,3 +144,18 @@ def test_gpu_check_script_passes():
         timeout=900,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def test_part_b_runs_on_the_shipped_default_model_and_task():
+    """check_gpu.py's default model is the repository's own (no SmolLM2 conversion, nothing to
+    download), so Part B runs on a bare GPU machine with the vLLM pack: its prompts are the
+    arithmetic task's, rendered without a chat template as the default run renders them."""
+    from launch.models.bootstrap import ensure_model
+    from launch.models.model_config import ModelConfig
+    from tests.gpu import check_gpu
+
+    path = ensure_model(ModelConfig(), log=lambda *_: None)
+    assert check_gpu.experiment("tiny") == []
+    assert check_gpu.experiment("smollm2") == ["experiment=smollm2_cpu"]
+    texts = check_gpu.prompts(path, 3, check_gpu.experiment("tiny"))
+    assert len(texts) == 3 and all(t.endswith("=") and "<|" not in t for t in texts)
