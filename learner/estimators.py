@@ -8,10 +8,9 @@ the AlgorithmConfig and ``state`` the estimator's own state object, made once pe
 state (and checkpoints it) and never special-cases one. Stateful estimators: ``avspo`` (its
 trigger: threshold, ACR window; the virtual rewards' RNG) and ``dcpo`` (each prompt's history).
 
-Every estimator of the AVSPO family (and DCPO, whose history gives collapsed groups a signal)
-logs what it did to collapsed groups (:func:`augmentation_metrics`); ``avspo`` also its
-decision's inputs, ``avspo/tau_adapt`` and ``avspo/acr_trigger``. GRPO, Dr. GRPO and RLOO log
-none: they have no trigger.
+Every estimator logs what it did to collapsed groups (:func:`augmentation_metrics`: zeros for
+GRPO, Dr. GRPO and RLOO, so runs of every method plot side by side); ``avspo``, the one with a
+trigger, also its decision's inputs, ``avspo/tau_adapt`` and ``avspo/acr_trigger``.
 """
 
 from __future__ import annotations
@@ -100,21 +99,24 @@ def _with_metrics(result: AdvantageResult, metrics: dict[str, float]) -> Advanta
     return dataclasses.replace(result, metrics=result.metrics | metrics)
 
 
-@register_estimator("grpo")
+@register_estimator("grpo", metrics=AUGMENTATION_KEYS)
 def _grpo(rewards, step, cfg, state=None):
-    return grpo_advantages(
+    result = grpo_advantages(
         rewards, step.group_ids, eps=cfg.eps, unbiased=cfg.unbiased_std, tau=cfg.tau
     )
+    return _with_metrics(result, augmentation_metrics(result))  # all 0: nothing augmented
 
 
-@register_estimator("dr_grpo")
+@register_estimator("dr_grpo", metrics=AUGMENTATION_KEYS)
 def _dr_grpo(rewards, step, cfg, state=None):
-    return grpo_advantages(rewards, step.group_ids, scale_by_std=False, tau=cfg.tau)
+    result = grpo_advantages(rewards, step.group_ids, scale_by_std=False, tau=cfg.tau)
+    return _with_metrics(result, augmentation_metrics(result))
 
 
-@register_estimator("rloo")
+@register_estimator("rloo", metrics=AUGMENTATION_KEYS)
 def _rloo(rewards, step, cfg, state=None):
-    return rloo_advantages(rewards, step.group_ids, tau=cfg.tau)
+    result = rloo_advantages(rewards, step.group_ids, tau=cfg.tau)
+    return _with_metrics(result, augmentation_metrics(result))
 
 
 class AVSPOState:

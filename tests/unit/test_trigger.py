@@ -99,12 +99,14 @@ def test_stage_state_round_trip_includes_rng():
 
 
 def test_grpo_has_no_trigger_whatever_the_trigger_config_says():
-    """GRPO keeps no trigger state and logs no avspo/* metric, even with a trigger that would
-    fire on every collapsed group (policy always): presets need no trigger switch."""
+    """GRPO keeps no trigger state and logs no threshold, even with a trigger config that would
+    fire on every collapsed group (policy always): presets need no trigger switch. It logs
+    what it did to collapsed groups (nothing), as every method does."""
     cfg = AlgorithmConfig(estimator="grpo", trigger=TriggerConfig(policy="always"))
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
     res, m = stage(torch.ones(8), torch.tensor([0] * 4 + [1] * 4))
-    assert stage.state is None and not any(k.startswith("avspo/") for k in m)
+    assert stage.state is None and "avspo/tau_adapt" not in m and "avspo/acr_trigger" not in m
+    assert m["avspo/triggered"] == 0.0 and m["avspo/augmented_groups"] == 0.0  # what it did
     assert res.advantages.abs().sum() == 0
 
 
