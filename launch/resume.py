@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 from launch.config import TrainConfig
+from launch.schema_keys import convert_renamed
 from launch.validation import ConfigError
 from learner import checkpoint
+from learner.estimators import unread_sections
 from reward.tasks import Task
 
 
@@ -46,7 +48,11 @@ def check_resumable(cfg: TrainConfig, task: Task, folder: Path) -> None:
     saved = checkpoint.read_state(folder).get("run")
     defaults = json.loads(json.dumps(dataclasses.asdict(TrainConfig()), default=str))
     problem = resume_problem(
-        saved, fingerprint(cfg, task), cfg.trainer.resume_allow_changes, defaults
+        saved,
+        fingerprint(cfg, task),
+        cfg.trainer.resume_allow_changes,
+        defaults,
+        estimator=cfg.algorithm.estimator,
     )
     if problem:
         raise ConfigError(f"trainer.resume: {problem}")
@@ -126,12 +132,21 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
 
 
 def resume_problem(
-    saved: dict | None, now: dict, allowed: list[str], defaults: dict | None = None
+    saved: dict | None,
+    now: dict,
+    allowed: list[str],
+    defaults: dict | None = None,
+    estimator: str | None = None,
 ) -> str | None:
     """Why a run may not continue a checkpoint: the keys whose values differ (beyond
-    :data:`RESUME_FREE` and ``allowed``), or different training data. None when it may. A key
-    the checkpoint's run did not have yet (added to the trainer since) counts as its value in
-    ``defaults`` (the config dataclasses' defaults, which keep the old behaviour).
+    :data:`RESUME_FREE` and ``allowed``), or different training data. None when it may.
+
+    - A key the checkpoint's run did not have yet (added to the trainer since) counts as its
+      value in ``defaults`` (the config dataclasses' defaults, which keep the old behaviour).
+    - A key saved under an old name is read under its new one (``schema_keys.CONVERTED``).
+    - With ``estimator`` (both runs' ``algorithm.estimator``), the sections only other
+      estimators read are free (``estimators.unread_sections``); a changed estimator is refused
+      by its own key, and then nothing is free.
 
     >>> a = {"config": {"learner": {"lr": 1e-6}, "trainer": {"total_steps": 5}},
     ...      "train_data_sha256": "x"}
@@ -149,9 +164,12 @@ def resume_problem(
     """
     if saved is None:  # written before checkpoints recorded their run
         return None
-    free = (*RESUME_FREE, *allowed)
+    old, new = convert_renamed(_flat(saved["config"])), _flat(now["config"])
+    unread = []
+    if estimator is not None and old.get("algorithm.estimator") == estimator:
+        unread = unread_sections(estimator)
+    free = (*RESUME_FREE, *allowed, *unread)
     is_free = lambda key: any(key == f or key.startswith(f + ".") for f in free)  # noqa: E731
-    old, new = _flat(saved["config"]), _flat(now["config"])
     for key, value in _flat(defaults or {}).items():
         if key not in old and key in new:
             old[key] = value

@@ -15,6 +15,8 @@ from typing import Any
 
 # Keys that were renamed: the old name -> what to write instead (refused by name, not as a typo)
 RENAMED = {"trainer.sampler_temperature": "trainer.sampler_exponent = 1 / the old value"}
+# How a value saved under an old name reads under the new one (a checkpoint's run record)
+CONVERTED = {"trainer.sampler_temperature": ("trainer.sampler_exponent", lambda t: 1.0 / t)}
 
 
 def renamed(key: str) -> str | None:
@@ -28,6 +30,20 @@ def renamed(key: str) -> str | None:
     """
     key = key.lstrip("+~")
     return f"{key} was renamed: write {RENAMED[key]}" if key in RENAMED else None
+
+
+def convert_renamed(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat config record (dotted keys) written under old names, in today's names and units.
+
+    >>> convert_renamed({"trainer.sampler_temperature": 2.0, "learner.lr": 1e-6})
+    {'learner.lr': 1e-06, 'trainer.sampler_exponent': 0.5}
+    """
+    out = dict(flat)
+    for old, (new, convert) in CONVERTED.items():
+        if old in out:
+            value = out.pop(old)
+            out.setdefault(new, None if value is None else convert(value))
+    return out
 
 
 def _schema_of(hint: Any) -> Any:

@@ -56,18 +56,22 @@ class Estimator:
     fn: Callable[[Tensor, Step, Any, Any], AdvantageResult]
     make_state: Callable[[Any, int], Any] | None = None  # (cfg, seed) -> the run's state
     metrics: tuple[str, ...] = ()  # what it logs every step: 0 in a step with no group to train
+    sections: tuple[str, ...] = ()  # the estimator-specific AlgorithmConfig sections it reads
 
 
 ESTIMATORS: dict[str, Estimator] = {}
 
 
 def register_estimator(
-    name: str, make_state: Callable | None = None, metrics: tuple[str, ...] = ()
+    name: str,
+    make_state: Callable | None = None,
+    metrics: tuple[str, ...] = (),
+    sections: tuple[str, ...] = (),
 ) -> Callable:
     def deco(fn):
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} registered twice")
-        ESTIMATORS[name] = Estimator(fn, make_state, metrics)
+        ESTIMATORS[name] = Estimator(fn, make_state, metrics, sections)
         return fn
 
     return deco
@@ -80,6 +84,19 @@ def get_estimator(name: str) -> Estimator:
         raise KeyError(
             f"unknown advantage estimator {name!r}; registered: {sorted(ESTIMATORS)}"
         ) from None
+
+
+def unread_sections(name: str) -> list[str]:
+    """The ``algorithm.<section>`` keys that only other estimators read: changing one cannot
+    change a run of ``name`` (a resume lets them differ).
+
+    >>> unread_sections("grpo")
+    ['algorithm.avspo', 'algorithm.trigger']
+    >>> unread_sections("avspo_release")
+    ['algorithm.trigger']
+    """
+    every = {s for e in ESTIMATORS.values() for s in e.sections}
+    return [f"algorithm.{s}" for s in sorted(every - set(get_estimator(name).sections))]
 
 
 def augmentation_metrics(result: AdvantageResult) -> dict[str, float]:
@@ -134,7 +151,12 @@ class AVSPOState:
         self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
 
 
-@register_estimator("avspo", make_state=AVSPOState, metrics=AUGMENTATION_KEYS + TRIGGER_KEYS)
+@register_estimator(
+    "avspo",
+    make_state=AVSPOState,
+    metrics=AUGMENTATION_KEYS + TRIGGER_KEYS,
+    sections=("avspo", "trigger"),
+)
 def _avspo(rewards, step, cfg, state: AVSPOState):
     a = cfg.avspo
 
@@ -161,7 +183,7 @@ def _avspo(rewards, step, cfg, state: AVSPOState):
     return _with_metrics(result, augmentation_metrics(result) | state.trigger.last)
 
 
-@register_estimator("avspo_release", metrics=AUGMENTATION_KEYS)
+@register_estimator("avspo_release", metrics=AUGMENTATION_KEYS, sections=("avspo",))
 def _avspo_release(rewards, step, cfg, state=None):
     # no threshold and no trigger state: the rule fires on single-label groups (or steps)
     result = avspo_release_advantages(
