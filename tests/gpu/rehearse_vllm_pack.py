@@ -44,7 +44,8 @@ ENGINE = [
     "rollout.vllm_engine", "rollout.collective:VLLMWeightSyncExtension",
 ]  # fmt: skip
 # what an engine on one Hopper GPU imports: its core and executor, the GPU worker and model
-# runner (sleep mode's allocator, CUDA graphs' compilation), FlashAttention 3, the models of the
+# runner (sleep mode's allocator, CUDA graphs' compilation), FlashAttention 3 (bf16), the
+# Triton and Flex attention backends (fp32: check_gpu.py's engine_gap_fp32), the models of the
 # GPU checks (SmolLM2: Llama; Qwen2.5), the loader, the sampler, the weight transfer engine
 HOPPER = [
     "vllm.platforms.cuda",
@@ -53,6 +54,7 @@ HOPPER = [
     "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner",
     "vllm.device_allocator.cumem", "vllm.compilation.backends", "vllm.compilation.decorators",
     "vllm.vllm_flash_attn", "vllm.v1.attention.backends.flash_attn",
+    "vllm.v1.attention.backends.triton_attn", "vllm.v1.attention.backends.flex_attention",
     "vllm.model_executor.models.llama", "vllm.model_executor.models.qwen2",
     "vllm.model_executor.model_loader.default_loader", "vllm.v1.sample.sampler",
     "vllm.distributed.weight_transfer.base", "vllm.distributed.parallel_state",
