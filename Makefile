@@ -81,6 +81,7 @@ bench: setup
 	$(BIN)/python tests/benchmarks/bench_lora_vllm.py
 	$(BIN)/python tests/benchmarks/bench_step.py
 	$(BIN)/python tests/benchmarks/bench_weight_sync.py
+	$(BIN)/python tests/benchmarks/bench_learner_flops.py --model tiny
 	$(BIN)/python tests/benchmarks/bench_baselines.py --num-train 128
 
 clean:
