@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -45,20 +46,52 @@ def write_weights(path: str, tensors: Iterable[tuple[str, torch.Tensor]]) -> int
     """Write ``(name, tensor)`` pairs as a safetensors file at ``path``, in their order; returns
     the bytes of tensor data. The tensors are held until written (the header comes first)."""
     items = [(name, t.detach().to("cpu").contiguous()) for name, t in tensors]
+    specs = [(name, t.dtype, tuple(t.shape)) for name, t in items]
+    return write_stream(path, specs, items)
+
+
+def write_stream(
+    path: str,
+    specs: list[tuple[str, torch.dtype, tuple[int, ...]]],
+    tensors: Iterable[tuple[str, torch.Tensor]],
+) -> int:
+    """Write a safetensors file whose header comes from ``specs`` (name, dtype, shape), then each
+    of ``tensors`` as it arrives (ZeRO-3 gathers one bucket at a time: none is held after its
+    write); they must come in ``specs``' order. A file already at ``path`` with the same layout
+    is overwritten in place, not truncated: on /dev/shm its pages stay allocated, so a rewrite
+    runs at memory speed (no page faults). Returns the bytes of tensor data.
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> specs = [("a", torch.float32, (2,))]
+    >>> write_stream(path, specs, [("a", torch.tensor([1.0, 2.0]))])
+    8
+    >>> size = os.path.getsize(path)
+    >>> write_stream(path, specs, [("a", torch.tensor([3.0, 4.0]))]), os.path.getsize(path) == size
+    (8, True)
+    >>> [t.tolist() for _, t in read_weights(path)]
+    [[3.0, 4.0]]
+    """
     header, offset = {}, 0
-    for name, t in items:
-        if t.dtype not in DTYPES:
-            raise ValueError(f"{name}: dtype {t.dtype} has no safetensors name")
-        size = t.numel() * t.element_size()
-        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape),
+    for name, dtype, shape in specs:
+        if dtype not in DTYPES:
+            raise ValueError(f"{name}: dtype {dtype} has no safetensors name")
+        size = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": DTYPES[dtype], "shape": list(shape),
                         "data_offsets": [offset, offset + size]}  # fmt: skip
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
+    total = 8 + len(text) + offset
+    same = os.path.exists(path) and os.path.getsize(path) == total
+    with open(path, "r+b" if same else "wb") as f:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
-        for _, t in items:
+        for (name, dtype, shape), (got, t) in zip(specs, tensors, strict=True):
+            t = t.detach().to("cpu").contiguous()
+            if got != name or t.dtype != dtype or tuple(t.shape) != tuple(shape):
+                raise ValueError(f"{got}: expected {name} {dtype} {tuple(shape)}, got "
+                                 f"{t.dtype} {tuple(t.shape)}")  # fmt: skip
             if t.numel():
                 f.write(t.reshape(-1).view(torch.uint8).numpy())  # the one copy
     return offset

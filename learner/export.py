@@ -1,6 +1,7 @@
 """What leaves a learner rank as weights: the (LoRA: merged) model under the base model's names,
-for checkpoints (a state-dict entry at a time), for the object-store sync (bucket refs) and for
-the collective sync (buckets broadcast to the engines: comm/weight_protocol.py).
+for checkpoints (a state-dict entry at a time), for the object-store sync (bucket refs, or a
+file in shared memory when the engines share rank 0's node: comm/weight_file.py) and for the
+collective sync (buckets broadcast to the engines: comm/weight_protocol.py).
 
 Under ZeRO-3 every rank holds a shard of each parameter, so every rank calls each method here at
 the same time and gathers the same pieces in the same order: one state-dict entry (a parameter,
@@ -11,6 +12,7 @@ whole model. Only rank 0 copies what it gathered to the host, writes it or sends
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 
 import torch
@@ -41,6 +43,7 @@ class WeightExport:
         self.sync_buckets: list[list[int]] = []  # the collective sync's plan
         self.sender = None  # rank 0: the collective sync's sending end
         self.sync_store = None  # rank 0: the sync group's store (one per run)
+        self.file: str | None = None  # rank 0: the sync's weights file, rewritten in place
 
     def state(self, every_rank: bool = False) -> dict[str, torch.Tensor] | None:
         """The full (merged) state dict as host copies, on rank 0 or on every rank (None on the
@@ -93,6 +96,40 @@ class WeightExport:
             if self.rank == 0:
                 refs.append(ray.put({n: host_copy(t) for n, t in named}))
         return refs if self.rank == 0 else None
+
+    @torch.no_grad()
+    def write_file(self, bucket_bytes: int) -> tuple[str, int] | None:
+        """The object-store sync on one node: rank 0 writes the weights into one safetensors
+        file in shared memory (comm/weight_file.py ``write_stream``; under ZeRO-3 gathered a
+        bucket at a time, each written as it comes) and returns ``(path, bytes)``; None on the
+        other ranks. The file is kept and rewritten in place at every sync (its pages stay
+        allocated: memory speed, for one more copy of the weights in RAM) until
+        :meth:`remove_file`, or until a new engine finds its writer gone."""
+        from comm.weight_file import PREFIX, weights_dir, write_stream
+        from comm.weight_protocol import TensorSpec, plan_buckets
+
+        specs = [TensorSpec(*s) for s in self.specs()]
+        stream = (
+            pair
+            for named in self.gathered_buckets(plan_buckets(specs, bucket_bytes))
+            for pair in named
+        )
+        if self.rank != 0:
+            for _ in stream:  # gather with rank 0
+                pass
+            return None
+        typed = [(s.name, getattr(torch, s.dtype), tuple(s.shape)) for s in specs]
+        nbytes = sum(torch.Size(shape).numel() * dtype.itemsize for _, dtype, shape in typed)
+        if self.file is None:
+            name = f"{PREFIX}{os.getpid()}-sync.safetensors"
+            self.file = os.path.join(weights_dir(nbytes), name)
+        return self.file, write_stream(self.file, typed, stream)
+
+    def remove_file(self) -> None:
+        if self.file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.file)
+            self.file = None
 
     def open_group(self, group, listener: Callable[[int], object]) -> None:
         """Plan the collective sync's buckets; rank 0 also joins the sync group (``group``:

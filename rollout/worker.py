@@ -114,6 +114,17 @@ class RolloutWorker:
         self.engine.load_weights((ray.get(ref) for ref in buckets), version)
         return version
 
+    def load_file(self, path: str, version: int) -> int:
+        """The weights in the safetensors file at ``path`` on this node (the learner wrote it:
+        rollout/weight_sync.py); the file stays (its writer rewrites it in place)."""
+        self.engine.load_file(path, version)
+        return version
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def policy_version(self) -> int:
         return self.engine.policy_version
 
@@ -285,6 +296,15 @@ class RolloutGroup:
         (rollout/weight_sync.py); a worker that died meanwhile is restarted and loads them."""
         self._call_all("load_weights", buckets, version, workers=workers,
                        what=f"weight sync (version {version})")  # fmt: skip
+
+    def load_file(self, path: str, version: int, workers: list[int] | None = None) -> None:
+        """Every engine (or ``workers``) loads the weights file at ``path`` on their node."""
+        self._call_all("load_file", path, version, workers=workers,
+                       what=f"weight sync (version {version})")  # fmt: skip
+
+    def node_ids(self) -> list[str]:
+        """The node each worker runs on."""
+        return list(self._call_all("node_id", what="node ids").values())
 
     def check_alive(self) -> None:
         """Restart any worker that died since the last call."""

@@ -21,15 +21,17 @@ class Calls(list):
 
 
 class Rollout:
-    def __init__(self, calls: Calls):
+    def __init__(self, calls: Calls, nodes=("n0",)):
         self.cfg = RolloutConfig()  # object_store transport, 256 MiB buckets
-        for name in ("wait_ready", "sleep", "wake_up", "load_weights", "check_alive"):
+        for name in ("wait_ready", "sleep", "wake_up", "load_weights", "load_file", "check_alive"):
             setattr(self, name, calls.recorder(name))
+        self.node_ids = lambda: list(nodes)  # where the workers run
 
 
 class Learner:
     def __init__(self, calls: Calls):
         self.export_bucket_refs = calls.recorder("export_bucket_refs", ["ref0", "ref1"])
+        self.export_file = calls.recorder("export_file", ("n0", "/dev/shm/w", 8))  # rank 0: n0
 
 
 def test_colocated_on_gpus_the_learner_starts_after_the_engines_are_up_and_asleep():
@@ -60,8 +62,8 @@ def test_sleeping_engines_wake_weights_then_sync_then_kv_cache():
     assert calls == [
         ("sleep",),
         ("wake_up", ["weights"]),
-        ("export_bucket_refs", bucket_bytes),
-        ("load_weights", ["ref0", "ref1"], 3),
+        ("export_file", bucket_bytes),  # the engines share learner rank 0's node: a file
+        ("load_file", "/dev/shm/w", 3),
         ("wake_up", ["kv_cache"]),
     ]
     assert sync.version == 3
@@ -69,19 +71,32 @@ def test_sleeping_engines_wake_weights_then_sync_then_kv_cache():
     awake = WeightSync(Rollout(calls), Learner(calls), sleeps=False)
     awake.before_update()
     awake.after_update(4)
-    assert [c[0] for c in calls] == ["export_bucket_refs", "load_weights"]
+    assert [c[0] for c in calls] == ["export_file", "load_file"]
 
 
-def test_a_restarted_worker_gets_the_buckets_the_engines_hold():
-    """The refs of the last sync, not a new export (in one-step mode the learner has moved on
-    while the engines still generate with the synced version)."""
+def test_engines_on_other_nodes_get_object_store_buckets():
+    """One file write finds the nodes differ (the first sync); from then on buckets only."""
     calls = Calls()
-    rollout = Rollout(calls)
-    sync = WeightSync(rollout, Learner(calls))
-    assert not hasattr(rollout, "on_restart")  # the hook is given to the group, not patched on
-    sync.restore(0)  # before any sync: the model the worker starts with
-    assert calls == []
+    sync = WeightSync(Rollout(calls, nodes=("n0", "n1")), Learner(calls))
     sync.sync(1)
-    calls.clear()
-    sync.restore(1)
-    assert calls == [("load_weights", ["ref0", "ref1"], 1, ("workers", [1]))]
+    sync.sync(2)
+    assert [c[0] for c in calls] == [
+        "export_file", "export_bucket_refs", "load_weights", "export_bucket_refs", "load_weights"
+    ]  # fmt: skip
+
+
+def test_a_restarted_worker_gets_the_weights_the_engines_hold():
+    """The file or the refs of the last sync, not a new export (in one-step mode the learner has
+    moved on while the engines still generate with the synced version)."""
+    for nodes, held in [(("n0",), ("load_file", "/dev/shm/w")),
+                        (("n0", "n1"), ("load_weights", ["ref0", "ref1"]))]:  # fmt: skip
+        calls = Calls()
+        rollout = Rollout(calls, nodes)
+        sync = WeightSync(rollout, Learner(calls))
+        assert not hasattr(rollout, "on_restart")  # the hook is given to the group
+        sync.restore(0)  # before any sync: the model the worker starts with
+        assert calls == []
+        sync.sync(1)
+        calls.clear()
+        sync.restore(1)
+        assert calls == [(*held, 1, ("workers", [1]))]
