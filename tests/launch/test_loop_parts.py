@@ -264,8 +264,10 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
     assert again.restore() == 3
     again.open_sinks(3).close()
     assert again.wandb_run_id == first.wandb_run_id
-    runs = sorted(p.name for p in (first.run_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.endswith(f"-{first.wandb_run_id}") for r in runs)
+    # Each attempt's folder holds its run file, run-<id>.wandb. The folder's name is not read: two
+    # attempts started within one second get "offline-run-<time>-<id>" and "...-<id>-1".
+    files = sorted(p.name for p in (first.run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert files == [f"run-{first.wandb_run_id}.wandb"] * 2
     named = {(kw["name"], kw["group"], tuple(kw["tags"])) for kw in inits}
     assert named == {("run-a", "avspo", ("avspo", "arithmetic", "tiny"))}  # the schema's default
     assert [kw["id"] for kw in inits] == [None, first.wandb_run_id]  # new, then continued
