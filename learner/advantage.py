@@ -57,7 +57,13 @@ from torch import Tensor
 
 from comm.collapse import CollapseStats, collapse_stats
 from comm.groups import segment_sum
-from learner.virtual_samples import STRATEGIES, union_moments, virtual_counts, virtual_moments
+from learner.virtual_samples import (
+    STRATEGIES,
+    VirtualSpec,
+    union_moments,
+    virtual_counts,
+    virtual_moments,
+)
 
 AUGMENT = ("both", "incorrect", "correct")  # which collapsed groups AVSPO may augment
 RELEASE_SCOPES = ("group", "step")  # what the released rule tests for a single label
@@ -224,14 +230,8 @@ def avspo_advantages(
     k_all = torch.where(augmented, k_all, torch.zeros_like(k_all))  # [M]
     aug = augmented.nonzero().squeeze(1)  # [A] augmented groups
     k_aug = k_all[aug]  # [A]
-    mean_v, var_v = virtual_moments(
-        strategy,
-        k_aug,
-        stats.max[aug],
-        reward_range=reward_range,
-        r_anchor=r_anchor,
-        generator=generator,
-    )  # [A] each
+    spec = VirtualSpec(strategy, reward_range, r_anchor)
+    mean_v, var_v = virtual_moments(spec, k_aug, stats.max[aug], generator)  # [A] each
 
     g_real = groups.size[aug].to(dtype)  # [A]
     mean_u, m2_u = union_moments(

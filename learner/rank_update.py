@@ -80,14 +80,11 @@ class RankUpdate:
                 self.engine,
                 mb,
                 self.loss_cfg,
-                temperature=self.temperature,
                 total_tokens=total_tokens,
                 total_seqs=total_seqs,
                 reference=self.reference,
-                logits=self.logits,
-                chunk_tokens=self.cfg.logits_chunk_tokens,
-                chunks=micro.chunks,
                 shared_prefix=self.shared_prefix,
+                **self._scoring(micro),
             )
             # A non-finite loss can have finite gradients (the log-ratio clamp passes none back
             # through a NaN): scaling it by NaN makes them NaN, so the optimizer's overflow check
@@ -101,6 +98,16 @@ class RankUpdate:
             if probe is not None:
                 learner = logp.detach().cpu()
                 acc.add_mismatch(learner, mb.old_logprobs, mb.response_mask, None, probe(mb))
+
+    def _scoring(self, micro: MicroBatch) -> dict:
+        """The keywords every forward pass of this rank scores with: the sampling temperature,
+        the logits mode and the pieces ``micro``'s logits are cut into."""
+        return dict(
+            temperature=self.temperature,
+            logits=self.logits,
+            chunk_tokens=self.cfg.logits_chunk_tokens,
+            chunks=micro.chunks,
+        )
 
     def _micro_batches(self, batch: TrainBatch, plan: list[MicroBatch]):
         """``(micro, its rows of batch on the engine's device)`` in plan order: the one loop
@@ -123,10 +130,7 @@ class RankUpdate:
                 mb.input_ids,
                 mb.attention_mask,
                 mb.response_mask,
-                temperature=self.temperature,
-                logits=self.logits,
-                chunk_tokens=self.cfg.logits_chunk_tokens,
-                chunks=micro.chunks,
+                **self._scoring(micro),
             )
             mask = mb.response_mask
             out[micro.rows, 0] = response_means(ent, mask).cpu()
@@ -159,12 +163,9 @@ class RankUpdate:
                 self.engine,
                 mb.input_ids,
                 mb.attention_mask,
-                temperature=self.temperature,
-                logits=self.logits,
-                chunk_tokens=self.cfg.logits_chunk_tokens,
                 token_mask=mb.response_mask,
-                chunks=micro.chunks,
                 prompt_lens=mb.prompt_lens if self.shared_prefix else None,
+                **self._scoring(micro),
             )
             rows = torch.tensor(micro.rows)[:, None]  # [n, 1]
             cols = torch.arange(logp.shape[1])[None, :]  # [1, width]

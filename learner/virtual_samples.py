@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 STRATEGIES = ("stratified", "fixed", "random", "opposite")
+
+
+@dataclass(frozen=True)
+class VirtualSpec:
+    """What AVSPO's virtual rewards are made of: the ``strategy`` (one of STRATEGIES), the task's
+    ``reward_range`` (r_lo, r_hi) and ``r_anchor``, the top of an all-low group's values as a
+    share of the range."""
+
+    strategy: str
+    reward_range: tuple[float, float]
+    r_anchor: float
 
 
 def virtual_counts(
@@ -26,23 +39,17 @@ def virtual_counts(
 
 
 def virtual_rewards(
-    strategy: str,
-    k_total: Tensor,
-    r_obs: Tensor,
-    *,
-    reward_range: tuple[float, float],
-    r_anchor: float,
-    generator: torch.Generator | None,
+    spec: VirtualSpec, k_total: Tensor, r_obs: Tensor, generator: torch.Generator | None = None
 ) -> Tensor:
     """Virtual rewards of A groups as ``[A, Kmax]``, row j holding v_1..v_K of group j (K =
     ``k_total[j]``) and zeros after; ``r_obs [A]`` is each group's max real reward.
 
-    >>> v = virtual_rewards("stratified", torch.tensor([3, 2]), torch.tensor([1.0, 0.0]),
-    ...                     reward_range=(0.0, 1.0), r_anchor=0.1, generator=None)
+    >>> spec = VirtualSpec("stratified", reward_range=(0.0, 1.0), r_anchor=0.1)
+    >>> v = virtual_rewards(spec, torch.tensor([3, 2]), torch.tensor([1.0, 0.0]))
     >>> [[round(x, 6) for x in row] for row in v.tolist()]  # 1*(1-k/4) | 0.1*(2-k+1)/2
     [[0.75, 0.5, 0.25], [0.1, 0.05, 0.0]]
     """
-    r_lo, r_hi = reward_range
+    strategy, (r_lo, r_hi), r_anchor = spec.strategy, spec.reward_range, spec.r_anchor
     dtype = r_obs.dtype
     k_max = int(k_total.max())
     k_pos = torch.arange(1, k_max + 1, dtype=dtype)[None, :]  # [1, Kmax] k = 1..Kmax
@@ -67,13 +74,7 @@ def virtual_rewards(
 
 
 def virtual_moments(
-    strategy: str,
-    k_total: Tensor,
-    r_obs: Tensor,
-    *,
-    reward_range: tuple[float, float],
-    r_anchor: float,
-    generator: torch.Generator | None,
+    spec: VirtualSpec, k_total: Tensor, r_obs: Tensor, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Tensor]:
     """Mean and population variance ``[A]`` of each augmented group's K virtual rewards.
 
@@ -82,12 +83,12 @@ def virtual_moments(
     a + b * (K+1) / (2n) and variance b^2 * (K^2 - 1) / (12 n^2) (n = K+1 for a high group,
     n = K for a low one). ``random`` computes them from its draws (:func:`virtual_rewards`).
 
-    >>> m, v = virtual_moments("stratified", torch.tensor([6]), torch.tensor([1.0]),
-    ...                        reward_range=(0.0, 1.0), r_anchor=0.1, generator=None)
+    >>> spec = VirtualSpec("stratified", reward_range=(0.0, 1.0), r_anchor=0.1)
+    >>> m, v = virtual_moments(spec, torch.tensor([6]), torch.tensor([1.0]))
     >>> round(m.item(), 6), round(v.item(), 6)  # mean of 1/7..6/7 = 1/2, var 35/588
     (0.5, 0.059524)
     """
-    r_lo, r_hi = reward_range
+    strategy, (r_lo, r_hi), r_anchor = spec.strategy, spec.reward_range, spec.r_anchor
     kk = k_total.to(r_obs.dtype)
     if strategy == "stratified":
         high = r_obs > r_lo
@@ -101,14 +102,7 @@ def virtual_moments(
     if strategy == "opposite":
         return torch.where(r_obs > r_lo, r_lo, r_hi).to(r_obs.dtype), torch.zeros_like(r_obs)
     if strategy == "random":
-        values = virtual_rewards(
-            strategy,
-            k_total,
-            r_obs,
-            reward_range=reward_range,
-            r_anchor=r_anchor,
-            generator=generator,
-        )  # [A, Kmax], zero past K
+        values = virtual_rewards(spec, k_total, r_obs, generator)  # [A, Kmax], zero past K
         mean = values.sum(1) / kk
         valid = torch.arange(values.shape[1])[None, :] < k_total[:, None]
         dev = torch.where(valid, values - mean[:, None], torch.zeros((), dtype=values.dtype))

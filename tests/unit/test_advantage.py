@@ -13,7 +13,7 @@ from learner.advantage import avspo_advantages, grpo_advantages, rloo_advantages
 from learner.config import AlgorithmConfig
 from learner.estimators import ESTIMATORS, get_estimator
 from learner.trigger import TriggerConfig
-from learner.virtual_samples import STRATEGIES, virtual_moments, virtual_rewards
+from learner.virtual_samples import STRATEGIES, VirtualSpec, virtual_moments, virtual_rewards
 from tests.reference import ref_avspo, ref_grpo, ref_rloo
 
 F64 = torch.float64
@@ -394,11 +394,9 @@ def test_closed_form_virtual_moments_match_explicit_values(strategy, dtype):
     r_obs = torch.tensor([0.0] * 7 + [0.4] * 7 + [1.0] * 7, dtype=dtype)
     if strategy == "opposite":
         k = torch.ones_like(k)
-    kw = dict(reward_range=(0.0, 1.0), r_anchor=0.1)
-    values = virtual_rewards(strategy, k, r_obs, generator=torch.Generator().manual_seed(0), **kw)
-    mean, var = virtual_moments(
-        strategy, k, r_obs, generator=torch.Generator().manual_seed(0), **kw
-    )
+    spec = VirtualSpec(strategy, reward_range=(0.0, 1.0), r_anchor=0.1)
+    values = virtual_rewards(spec, k, r_obs, torch.Generator().manual_seed(0))
+    mean, var = virtual_moments(spec, k, r_obs, torch.Generator().manual_seed(0))
     for j, kj in enumerate(k.tolist()):
         row = values[j, :kj].double()
         assert (values[j, kj:] == 0).all()
