@@ -98,6 +98,11 @@ class TrainerConfig:
     token by the truncated importance ratio (``learner.old_logprobs=recompute``, required).
     The generated step t+1 is saved with a checkpoint at step t, so a resume is bit-exact."""
 
+    verify_while_generating: bool = True
+    """Each prompt's group goes to the verifier as soon as its samples have all ended (the
+    engines stream finished groups), while the rest still decode; false: the whole batch after
+    generation. The same verdicts either way."""
+
     @property
     def async_mode(self) -> str:
         return getattr(self, "async")

@@ -136,6 +136,33 @@ class Trainer:
         task, task_cfg = task or self.task, task_cfg or self.cfg.task
         return self.stages.verifier.verify(groups, problems, task, task_cfg.truncated)
 
+    def generate_and_submit(self, batch: list[Problem], params) -> tuple[list, list]:
+        """The groups of ``batch`` (prompt order) and their verification calls in flight. With
+        ``trainer.verify_while_generating`` each engine step's finished groups go to the
+        verifier at once, while the rest decode; else the whole batch after generation."""
+        prompts = [p.prompt for p in batch]
+        verifier = self.stages.verifier
+        if not self.cfg.trainer.verify_while_generating:
+            groups = self.rollout.generate(prompts, params)
+            return groups, [(list(range(len(batch))), verifier.submit(groups, batch, self.task))]
+        groups, pending = [None] * len(batch), []
+        for done in self.rollout.stream(prompts, params):
+            rows = [i for i, _ in done]
+            for i, group in done:
+                groups[i] = group
+            pending.append((rows, verifier.submit([g for _, g in done], [batch[i] for i in rows],
+                                                  self.task)))  # fmt: skip
+        return groups, pending
+
+    def verdicts(self, groups: list, pending: list) -> list:
+        """Every sample's verdict in sample order, from :meth:`generate_and_submit`'s calls."""
+        per_group: list = [None] * len(groups)
+        for rows, call in pending:
+            verdicts = iter(self.stages.verifier.result(call, self.cfg.task.truncated))
+            for i in rows:
+                per_group[i] = [next(verdicts) for _ in groups[i].samples]
+        return [v for group in per_group for v in group]
+
     def evaluate(self, step: int, phase: Callable[[str], None] | None = None) -> dict[str, float]:
         return evaluate_held_out(self.cfg, self.stages, step, phase)
 
@@ -157,9 +184,9 @@ class Trainer:
                 seed=derive_seed(self.cfg.trainer.seed, "train", step, rnd),
             )
             t0 = time.perf_counter()
-            new = self.rollout.generate([p.prompt for p in batch], params)
+            new, pending = self.generate_and_submit(batch, params)
             t1 = time.perf_counter()
-            scored = self.verify(new, batch)
+            scored = self.verdicts(new, pending)
             t_gen, t_ver = t_gen + t1 - t0, t_ver + time.perf_counter() - t1
             problems, groups, verdicts = problems + batch, groups + new, verdicts + scored
             if not dyn.enabled:

@@ -30,6 +30,17 @@ from rollout.types import Group
 from rollout.weight_sync import WeightSync
 
 
+@dataclass
+class PendingVerdicts:
+    """A verification call in flight (:meth:`Verifier.submit`): its groups, the call's
+    arguments (to repeat it on a restarted actor), the task's lowest reward and its ref."""
+
+    groups: list[Group]
+    args: tuple
+    lowest: float
+    call: object
+
+
 class Verifier:
     """The verifier actor (a pool of killable processes: reward/actor.py), restarted when it
     dies (at most ``verifier.max_restarts`` times) and the batch verified again."""
@@ -49,21 +60,33 @@ class Verifier:
     def verify(self, groups: list[Group], problems: list[Problem], task: Task, truncated: str):
         """Verdicts of every sample (sample order). A timeout or verifier error scores the
         task's lowest reward; so does a truncated response with ``task.truncated=lowest``."""
+        return self.result(self.submit(groups, problems, task), truncated)
+
+    def submit(self, groups: list[Group], problems: list[Problem], task: Task) -> PendingVerdicts:
+        """Start verifying ``groups`` (one call to the pool); :meth:`result` waits for it.
+        Calls run in the order they were submitted."""
         responses = [s.text for g in groups for s in g.samples]
         refs = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g.samples]
+        args = (responses, refs, task.verifier)
         lowest = task.reward_range[0]
-        while True:  # a verifier actor that died is restarted and the batch verified again
-            call = self.actor.verify.remote(responses, refs, task.verifier, lowest=lowest)
+        return PendingVerdicts(groups, args, lowest, self.actor.verify.remote(*args, lowest=lowest))
+
+    def result(self, pending: PendingVerdicts, truncated: str) -> list:
+        """The verdicts of a :meth:`submit`; a verifier actor that died is restarted and the
+        call's groups verified again."""
+        call = pending.call
+        while True:
             timeout_s = self.cfg.verifier.call_timeout_s
             answer = settle({0: call}, timeout_s=timeout_s, what="verification")[0]
             if not isinstance(answer, ActorDied):
                 break
             self.restart(str(answer))
+            call = self.actor.verify.remote(*pending.args, lowest=pending.lowest)
         verdicts, replaced, errors = answer
         self.replaced += replaced - self._replaced_seen  # the pool's count is cumulative
         self._replaced_seen = replaced
         self.errors += errors
-        return score_truncated(groups, verdicts, truncated, lowest)
+        return score_truncated(pending.groups, verdicts, truncated, pending.lowest)
 
     def drain(self) -> tuple[list[str], int]:
         """Error texts and restarts (worker processes and actors replaced) since the last

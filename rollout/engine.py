@@ -4,7 +4,7 @@ tests/unit/test_engine_protocol.py checks that both have every method with these
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import torch
@@ -27,6 +27,13 @@ class Engine(Protocol):
 
     def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
         """``params.n`` samples per prompt, in prompt order, seeded per (prompt, sample)."""
+
+    def generate_stream(
+        self, prompts: list[str], params: SamplingConfig
+    ) -> Iterator[list[tuple[int, Group]]]:
+        """The groups of :meth:`generate` as they finish: per engine step, ``(prompt index,
+        group)`` of each prompt whose ``params.n`` samples all ended in it (the verifier starts
+        on them while the rest decode). An engine that decodes a static batch yields once."""
 
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         """Log-probs of ``response_ids`` after ``prompt_ids``."""

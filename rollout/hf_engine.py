@@ -11,7 +11,7 @@ that was sampled, log_softmax(logits / T) (log_softmax(logits) when greedy), as 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -52,6 +52,12 @@ class HFEngine:
             samples = [self._sample(new[i * n + j], logp[i * n + j]) for j in range(n)]
             groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, samples=samples))
         return groups
+
+    def generate_stream(
+        self, prompts: list[str], params: SamplingConfig
+    ) -> Iterator[list[tuple[int, Group]]]:
+        """One static batch: every group at once, when the last row stops."""
+        yield list(enumerate(self.generate(prompts, params)))
 
     def _decode(self, ids, mask, n: int, params: SamplingConfig, generators):
         """Token ids and their log-probs ``[R, T]`` (R = n rows per prompt of ``ids [B, P]``);

@@ -30,7 +30,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -123,29 +123,48 @@ class VLLMEngine:
         )
 
     def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
+        done = dict(item for step in self.generate_stream(prompts, params) for item in step)
+        return [done[i] for i in range(len(prompts))]
+
+    def generate_stream(
+        self, prompts: list[str], params: SamplingConfig
+    ) -> Iterator[list[tuple[int, Group]]]:
+        """What ``LLM.generate`` does (its requests added, then the engine stepped until none is
+        left), yielding after each engine step the groups that finished in it."""
         from vllm.inputs import TokensPrompt
 
         prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         seed = call_seed(params.seed)
-        outputs = self.llm.generate(
+        ids = self.llm.enqueue(
             [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
             [self._params(params, prompt_seed(seed, i)) for i in range(len(prompts))],
             use_tqdm=False,
         )
-        groups = []
-        for prompt, ids, out in zip(prompts, prompt_ids, outputs, strict=True):
-            samples = [
-                Sample(
-                    response_ids=list(c.token_ids),
-                    logprobs=[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)],
-                    text=c.text,
-                    finish_reason="stop" if c.finish_reason == "stop" else "length",
-                    policy_version=self.policy_version,
-                )
-                for c in out.outputs
-            ]
-            groups.append(Group(prompt=prompt, prompt_ids=ids, samples=samples))
-        return groups
+        # enqueue returns vLLM's internal ids, "<request id>-<8 random characters>"; outputs
+        # carry the request id
+        index = {internal.rsplit("-", 1)[0]: i for i, internal in enumerate(ids)}
+        engine = self.llm.llm_engine
+        while engine.has_unfinished_requests():
+            done = []
+            for out in engine.step():
+                if out.finished:
+                    i = index[out.request_id]
+                    done.append((i, self._group(prompts[i], prompt_ids[i], out)))
+            if done:
+                yield done
+
+    def _group(self, prompt: str, prompt_ids: list[int], out) -> Group:
+        samples = [
+            Sample(
+                response_ids=list(c.token_ids),
+                logprobs=[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)],
+                text=c.text,
+                finish_reason="stop" if c.finish_reason == "stop" else "length",
+                policy_version=self.policy_version,
+            )
+            for c in out.outputs
+        ]
+        return Group(prompt=prompt, prompt_ids=prompt_ids, samples=samples)
 
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         """Log-probs of ``response_ids`` given ``prompt_ids``, from vLLM's prompt log-probs."""

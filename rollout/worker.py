@@ -7,11 +7,14 @@ order; every remote wait has a timeout; a worker that dies makes the call raise
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import torch
+from ray.exceptions import RayActorError
 
 from comm.actors import ActorDied, ActorGroupError, get, settle, spawn_actor_group
 from comm.hub import ModelRef, node_folder
@@ -102,6 +105,11 @@ class RolloutWorker:
 
     def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
         return self.engine.generate(prompts, params)
+
+    def generate_stream(self, prompts: list[str], params: SamplingConfig):
+        """A Ray streaming generator: each item is what the engine finished in one step,
+        ``[(prompt index, group), ...]`` (rollout/engine.py ``generate_stream``)."""
+        yield from self.engine.generate_stream(prompts, params)
 
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         return self.engine.score(prompt_ids, response_ids)
@@ -220,7 +228,6 @@ class RolloutGroup:
         """Replace dead worker ``i`` (same resources, same placement bundle) and give it the
         weights the other engines hold (:attr:`on_restart`). At most ``rollout.max_restarts``
         per run."""
-        import contextlib
 
         import ray
 
@@ -265,31 +272,75 @@ class RolloutGroup:
         return self.engines
 
     def generate(self, prompts: list[str], params: SamplingConfig | None = None) -> list[Group]:
-        """Groups of ``params.n`` samples for each prompt, in prompt order. Prompts are split
-        into contiguous, equal-sized chunks, one per worker; with a seed s, worker i's call is
-        seeded with ``derive_seed(s, "worker", i)`` (its own streams), so a run is reproducible
-        for a given number of workers."""
+        """Groups of ``params.n`` samples for each prompt, in prompt order (:meth:`stream`
+        collected)."""
+        done = dict(item for step in self.stream(prompts, params) for item in step)
+        return [done[i] for i in range(len(prompts))]
+
+    def stream(
+        self, prompts: list[str], params: SamplingConfig | None = None
+    ) -> Iterator[list[tuple[int, Group]]]:
+        """The groups of ``prompts`` as the engines finish them: lists of ``(prompt index,
+        group)``, each prompt once. Prompts are split into contiguous, equal-sized chunks, one
+        per worker; with a seed s, worker i's call is seeded with ``derive_seed(s, "worker",
+        i)`` (its own streams), so a run is reproducible for a given number of workers. A worker
+        that dies is restarted and its chunk generated again with the same seed; the groups it
+        had already sent stand, the rest follow. ``rollout.timeout_s`` bounds the whole call."""
+        import ray
+
         params = params or self.cfg.sampling.params(n=self.cfg.n_samples)
         k = len(self.workers)
         bounds = [round(i * len(prompts) / k) for i in range(k + 1)]
         calls = {}
         for i in range(k):
-            chunk = prompts[bounds[i] : bounds[i + 1]]
-            if chunk:
+            if bounds[i + 1] > bounds[i]:
                 seed = None if params.seed is None else derive_seed(params.seed, "worker", i)
-                calls[i] = (chunk, dataclasses.replace(params, seed=seed))
-        parts: dict[int, list[Group]] = {}
-        while calls:  # a worker that died is restarted and its chunk regenerated, same seed
-            refs = {i: self.workers[i].generate.remote(*call) for i, call in calls.items()}
-            settled = settle(refs, timeout_s=self.cfg.timeout_s, what="rollout generation")
-            for i, result in settled.items():
-                if isinstance(result, ActorDied):
-                    self.restart(i, str(result))
-                    self.regenerated += len(calls[i][0])
-                else:
-                    parts[i] = result
-                    del calls[i]
-        return [group for i in sorted(parts) for group in parts[i]]
+                calls[i] = (
+                    prompts[bounds[i] : bounds[i + 1]],
+                    dataclasses.replace(params, seed=seed),
+                )
+        streams = {i: self._open_stream(i, *call) for i, call in calls.items()}
+        sent: dict[int, set[int]] = {i: set() for i in calls}  # per worker: indices in its chunk
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while streams:
+            ready, _ = ray.wait(
+                list(streams.values()), num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+            )
+            if not ready:
+                for gen in streams.values():
+                    with contextlib.suppress(Exception):
+                        ray.cancel(gen)
+                raise ActorGroupError(
+                    f"rollout generation: no answer within {self.cfg.timeout_s:.0f} s"
+                )
+            i = next(i for i, gen in streams.items() if gen is ready[0])
+            try:
+                done = ray.get(next(streams[i]))
+            except StopIteration:
+                del streams[i]
+                continue
+            except RayActorError as err:
+                del streams[i]
+                self.restart(i, f"rollout generation: an actor died ({type(err).__name__}: {err})")
+                self.regenerated += len(calls[i][0])
+                groups = self._generate_on(i, *calls[i])
+                done = [(j, g) for j, g in enumerate(groups) if j not in sent[i]]
+            sent[i].update(j for j, _ in done)
+            yield [(bounds[i] + j, group) for j, group in done]
+
+    def _open_stream(self, i: int, prompts: list[str], params: SamplingConfig):
+        return (
+            self.workers[i].generate_stream.options(num_returns="streaming").remote(prompts, params)
+        )
+
+    def _generate_on(self, i: int, prompts: list[str], params: SamplingConfig) -> list[Group]:
+        """Worker ``i``'s chunk in one call (after a restart), restarting it again if it dies."""
+        while True:
+            result = settle({i: self.workers[i].generate.remote(prompts, params)},
+                            timeout_s=self.cfg.timeout_s, what="rollout generation")[i]  # fmt: skip
+            if not isinstance(result, ActorDied):
+                return result
+            self.restart(i, str(result))
 
     def load_weights(self, buckets: list, version: int, workers: list[int] | None = None) -> None:
         """Every engine (or ``workers``) loads the weights whose buckets' refs are given

@@ -180,15 +180,41 @@ class RecordingVerifier:
 
     def __init__(self, verify):
         self.fn = verify
+        self.submitted = 0  # verification calls started
 
     def verify(self, groups, problems, task, truncated):
         return self.fn(groups, problems)
+
+    def submit(self, groups, problems, task):  # a call in flight: here, its arguments
+        self.submitted += 1
+        return groups, problems
+
+    def result(self, pending, truncated):
+        return self.fn(*pending)
 
     def drain(self):
         return [], 0  # no error texts, no restarts: a function does not fail as a pool does
 
     def shutdown(self):
         pass
+
+
+class StreamingRollout:
+    """A fake rollout group's ``generate(prompts, params)`` given the streaming call of
+    rollout/worker.py ``RolloutGroup.stream``: one group at a time, last prompt first (an order
+    no engine promises, so that the driver's reassembly is exercised). Everything else is the
+    fake's own."""
+
+    def __init__(self, rollout):
+        self._rollout = rollout
+
+    def __getattr__(self, name):
+        return getattr(self._rollout, name)
+
+    def stream(self, prompts, params):
+        groups = self.generate(prompts, params)  # a test may have replaced it
+        for i in reversed(range(len(groups))):
+            yield [(i, groups[i])]
 
 
 class NoWeightSync:
@@ -226,7 +252,7 @@ def fake_stages(cfg, problems, rollout, verify, *, learner=None, sampler=None, r
         resume_from=resume_from,
         stage=stage,
         sampler=sampler or make_sampler(task.train, cfg.trainer),
-        rollout=rollout,
+        rollout=StreamingRollout(rollout),
         verifier=RecordingVerifier(verify),
         learner=learner,
         weights=NoWeightSync(),

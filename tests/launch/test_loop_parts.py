@@ -84,6 +84,28 @@ def _cfg(dynamic: bool, max_rounds: int = 3, per_step: int = 2) -> TrainConfig:
     return cfg
 
 
+def test_groups_are_verified_as_they_stream_in_and_verdicts_keep_sample_order():
+    # The fake stream sends one group at a time, last prompt first (tests/helpers.py
+    # StreamingRollout): 3 prompts give 3 verification calls; with verify_while_generating off,
+    # one call for the batch. Either way the same verdicts, in sample order (prompt by prompt,
+    # its 2 samples each: p0 right right, p1 right wrong, p2 wrong wrong).
+    problems = _problems(3)
+    pattern = {0: ALL_RIGHT, 1: MIXED, 2: ALL_WRONG}
+    want = {"u0": [1.0, 1.0], "u1": [1.0, 0.0], "u2": [0.0, 0.0]}
+    calls = {}
+    for overlap in (True, False):
+        cfg = _cfg(dynamic=False, per_step=3)
+        cfg.trainer.verify_while_generating = overlap
+        trainer = _trainer(cfg, problems, FakeStages(pattern))
+        r = trainer.collect(step=1)
+        uids = [p.uid for p in r.problems]
+        assert sorted(uids) == ["u0", "u1", "u2"]
+        assert [g.prompt for g in r.groups] == ["p" + u[1:] for u in uids]
+        assert [v.score for v in r.verdicts] == [x for u in uids for x in want[u]]
+        calls[overlap] = trainer.stages.verifier.submitted
+    assert calls == {True: 3, False: 1}
+
+
 def test_dynamic_sampling_keeps_informative_groups_and_counts_rounds():
     # sampler order (seed 0) is fixed; make only p1, p4, p6 informative
     problems = _problems(8)

@@ -65,6 +65,25 @@ def test_groups_in_order_with_forward_consistent_logprobs(group, reference_model
 
 
 @pytest.mark.slow
+def test_stream_sends_each_group_once_as_it_finishes(group):
+    """RolloutGroup.stream: every prompt once, the groups generate gives for the same seed.
+    vLLM sends them over several engine steps (responses of 1-6 tokens end at different steps:
+    the verifier starts on the first while the rest decode); the hf engine decodes a static
+    batch and sends each worker's groups at once."""
+    engine, g = group
+    prompts, params = PROMPTS * 4, dataclasses.replace(PARAMS, n=2)  # 20 prompts, 10 a worker
+    chunks = list(g.stream(prompts, params))
+    assert sorted(i for chunk in chunks for i, _ in chunk) == list(range(len(prompts)))
+    streamed = dict(item for chunk in chunks for item in chunk)
+    ids = lambda gs: [[s.response_ids for s in grp.samples] for grp in gs]  # noqa: E731
+    assert ids([streamed[i] for i in range(len(prompts))]) == ids(g.generate(prompts, params))
+    if engine == "vllm":
+        assert len(chunks) > 2, [len(c) for c in chunks]  # more than one a worker
+    else:
+        assert len(chunks) == 2
+
+
+@pytest.mark.slow
 def test_copies_of_a_prompt_in_one_call_are_independent(group):
     """Every (prompt position, sample) has its own stream: 4 copies of one prompt give 4
     different groups (the old code seeded every prompt of a call alike, so vLLM returned 4

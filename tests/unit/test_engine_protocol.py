@@ -16,8 +16,8 @@ METHODS = [n for n, v in vars(Engine).items() if inspect.isfunction(v) and not n
 
 def test_the_protocol_lists_what_the_worker_calls():
     assert sorted(METHODS) == sorted(
-        ["generate", "score", "load_weights", "open_weight_group", "receive_weights",
-         "weights_checksum", "sleep", "wake_up"]
+        ["generate", "generate_stream", "score", "load_weights", "open_weight_group",
+         "receive_weights", "weights_checksum", "sleep", "wake_up"]
     )  # fmt: skip
 
 
