@@ -22,6 +22,13 @@ recomputes): forward and backward = 3 x the forward's 2 x (matmul weights) per t
 
 Gradient checkpointing's second forward is not counted (it shows as a lower share).
 
+``--profile``: afterwards, one rank's share of the update (its rows, as micro-batches of
+``learner.micro_batch_size``) runs again in this process on the rank's threads, plain PyTorch
+(the model, our loss, backward, an AdamW step; no DeepSpeed, no Ray), under ``torch.profiler``;
+it prints that update's seconds and the self time by kind of op (matmuls; softmax and
+log-softmax; norms; element-wise and the rest; the optimizer): where the time that is not
+matmul goes, and how much of the learner's update is DeepSpeed's and the ranks' own.
+
 The matmul rate is measured here on each rank's threads: GEMMs at the learner's own shapes (a
 micro-batch's tokens x hidden against the MLP's and attention's weights) and a 2048-cube; the
 best, times the ranks (each rank runs in its own process on its own cores), is the limit. Last
@@ -106,6 +113,78 @@ def step_batch(cfg, model_path: str, seed: int = 0):
                        pad_id=tok.pad_token_id or 0)  # fmt: skip
 
 
+KINDS = {  # profiler op names -> kind (the first pattern found in the name wins)
+    "matmul": ("mm", "addmm", "bmm", "matmul", "linear", "baddbmm", "_scaled_dot_product"),
+    "softmax": ("softmax", "logsumexp"),
+    "norm": ("rms_norm", "layer_norm", "norm", "rsqrt", "pow", "mean"),
+    "optimizer": ("adam", "_foreach", "lerp", "addcdiv", "addcmul"),
+}
+
+
+def kind_of(op: str) -> str:
+    """The kind of a profiler op name (:data:`KINDS`), else ``other``.
+
+    >>> kind_of("aten::addmm"), kind_of("aten::_log_softmax"), kind_of("aten::mul")
+    ('matmul', 'softmax', 'other')
+    """
+    name = op.split("::")[-1].lower()
+    for kind, patterns in KINDS.items():
+        if any(name == p or name.startswith(p + "_") or name.startswith("_" + p) or
+               name.endswith(p) for p in patterns):  # fmt: skip
+            return kind
+    return "other"
+
+
+def profile_update(cfg, path: str, batch, dtype: str, threads: int, ranks: int) -> None:
+    """One rank's share of the update in this process, plain PyTorch, under torch.profiler
+    (module docstring): prints its seconds and the self CPU time by kind of op."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM
+
+    from learner.update import microbatch_loss
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    rows = list(range(0, len(batch), ranks))  # this rank's rows: one in ``ranks``
+    size = cfg.learner.micro_batch_size or len(rows)
+    micro = [batch.select(rows[i : i + size]) for i in range(0, len(rows), size)]
+    tokens, seqs = float(batch.response_mask.sum()), float(len(batch))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
+    def update():
+        for mb in micro:
+            with autocast:
+                out, _ = microbatch_loss(
+                    model, mb, cfg.algorithm.loss,
+                    temperature=cfg.rollout.sampling.temperature, total_tokens=tokens,
+                    total_seqs=seqs, logits=cfg.learner.logits,
+                    shared_prefix=cfg.learner.shared_prefix,
+                )  # fmt: skip
+            out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    update()  # warm-up
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        update()
+    seconds = time.perf_counter() - t0
+    by_kind: dict[str, float] = {}
+    for event in prof.key_averages():
+        kind = kind_of(event.key)
+        by_kind[kind] = by_kind.get(kind, 0.0) + event.self_cpu_time_total / 1e6
+    total = sum(by_kind.values())
+    print(f"profile: one rank's share ({len(rows)} rows, {len(micro)} micro-batches) in plain "
+          f"PyTorch, {threads} threads: {seconds:.2f} s under the profiler")  # fmt: skip
+    for kind, sec in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        print(f"  {kind:<10} {sec:7.2f} s self CPU ({100 * sec / total:.0f}%)")
+    top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
+    for event in top:
+        print(f"    {event.key:<40} {event.self_cpu_time_total / 1e6:7.2f} s  x{event.count}")
+
+
 def main() -> None:
     import ray
 
@@ -116,6 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"))
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--profile", action="store_true", help="then profile one rank's share")
     args = parser.parse_args()
     overrides = ["experiment=smollm2_cpu"] if args.model == "smollm2" else []
     cfg = load(*overrides, f"model.dtype={args.dtype}")
@@ -163,6 +243,8 @@ def main() -> None:
           f"{runs[0]['perf/learner_tokens']:.0f})")  # fmt: skip
     print(f"learner {args.model} {args.dtype}: {achieved:.1f} GFLOP/s of {best:.1f} GFLOP/s "
           f"matmul ({100 * achieved / best:.0f}%)")  # fmt: skip
+    if args.profile:
+        profile_update(cfg, path, batch, args.dtype, threads, ranks)
 
 
 if __name__ == "__main__":
