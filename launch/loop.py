@@ -19,7 +19,6 @@ each prompt's collapse history, which the sampler gets after every step).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -41,71 +40,17 @@ from diagnostics.sinks import (
 from launch.config import TrainConfig
 from launch.heldout import evaluate_held_out
 from launch.resume import CheckpointFailed, Stopped, fingerprint, truncate_metrics
+from launch.rollouts import Rollouts
 from launch.sampler import mixed_token_share
 from launch.stages import Stages
-from launch.step_metrics import step_metrics
+from launch.step_metrics import PhaseTimer, step_metrics
 from learner import checkpoint
 from learner.advantage_stage import dapo_selection, group_faults, informative_groups
 from learner.batch import build_batch
 from reward.health import VerifierHealth
 from reward.intrinsic import mix_rewards
 from reward.tasks import Problem
-from reward.verifiers import Verdict
 from rollout.seeding import derive_seed
-from rollout.types import Group, Sample
-
-
-@dataclasses.dataclass
-class Rollouts:
-    """Every group one step generated, with problems and verdicts, which of them are trained
-    (DAPO's selection; all otherwise), and what it took."""
-
-    problems: list[Problem]
-    groups: list[Group]
-    verdicts: list  # sample order
-    trained: list[bool]  # per group
-    metrics: dict[str, float]
-
-    def state_dict(self) -> dict:
-        """JSON-ready (a checkpoint's sidecar): problems by uid, groups and verdicts as fields
-        (Python floats round-trip exactly through JSON)."""
-        return {
-            "uids": [p.uid for p in self.problems],
-            "groups": [dataclasses.asdict(g) for g in self.groups],
-            "verdicts": [dataclasses.asdict(v) for v in self.verdicts],
-            "trained": self.trained,
-            "metrics": self.metrics,
-        }
-
-    @classmethod
-    def from_state(cls, state: dict, problems: dict[str, Problem]) -> Rollouts:
-        groups = [
-            Group(g["prompt"], g["prompt_ids"], [Sample(**x) for x in g["samples"]])
-            for g in state["groups"]
-        ]
-        return cls(
-            [problems[uid] for uid in state["uids"]],
-            groups,
-            [Verdict(**v) for v in state["verdicts"]],
-            list(state["trained"]),
-            dict(state["metrics"]),
-        )
-
-
-class PhaseTimer:
-    """Seconds per named phase of a step (``with timer("learner"): ...``), as verl's
-    ``marked_timer``; a phase timed twice adds up."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
 class Trainer:

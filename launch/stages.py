@@ -123,7 +123,7 @@ class Stages:
     resume_from: Path | None  # the checkpoint to continue (or evaluate), resolved and checked
     stage: AdvantageStage
     sampler: object  # launch/sampler.py
-    rollout: object  # rollout/worker.py RolloutGroup
+    rollout: object  # rollout/group.py RolloutGroup
     verifier: Verifier
     learner: object | None  # learner/group.py LearnerGroup
     weights: WeightSync | None
@@ -217,7 +217,7 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
     """The rollout group, and with ``train`` the learner group and the weight sync, started in
     the order :func:`start_beside_engines` gives."""
     from learner.group import LearnerGroup
-    from rollout.worker import RolloutGroup
+    from rollout.group import RolloutGroup
 
     threads = plan_threads(cfg, placement)
     if cfg.cluster.colocate:

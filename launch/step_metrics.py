@@ -3,6 +3,26 @@ throughput, idle shares and how far behind the learner the samples were generate
 
 from __future__ import annotations
 
+import contextlib
+import time
+
+
+class PhaseTimer:
+    """Seconds per named phase of a step (``with timer("learner"): ...``), as verl's
+    ``marked_timer``; a phase timed twice adds up."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
 PHASES = ("generate", "verify", "advantage", "learner", "weight_sync", "prefetch_wait")
 
 

@@ -201,7 +201,7 @@ class RecordingVerifier:
 
 class StreamingRollout:
     """A fake rollout group's ``generate(prompts, params)`` given the streaming call of
-    rollout/worker.py ``RolloutGroup.stream``: one group at a time, last prompt first (an order
+    rollout/group.py ``RolloutGroup.stream``: one group at a time, last prompt first (an order
     no engine promises, so that the driver's reassembly is exercised). Everything else is the
     fake's own."""
 

@@ -55,10 +55,10 @@ def main() -> None:
     from launch.models.bootstrap import ModelConfig, ensure_model
     from reward.arithmetic import sample_problems
     from rollout.config import RolloutConfig
+    from rollout.group import RolloutGroup
     from rollout.hf_engine import HFEngine
     from rollout.types import SamplingConfig
     from rollout.vllm_engine import VLLMEngine
-    from rollout.worker import RolloutGroup
 
     torch.set_num_threads(1)
     path = ensure_model(ModelConfig())

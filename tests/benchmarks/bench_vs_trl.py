@@ -44,8 +44,8 @@ Measured, median over steps 2..N (step 1 pays lazy initialisation):
   backward, optimizer step); TRL the step minus ``_generate_and_score_completions`` (loss,
   backward and optimizer step; with ``num_iterations=1`` TRL computes no old log-probs).
 - weight sync: ours ``timing_s/weight_sync``; TRL has none (the trained model generates).
-- rest: the step minus the three: ours verification, advantages and orchestration; TRL
-  tokenisation, reward and advantages.
+- rest: the step minus the three, taken per step and then the median: ours verification,
+  advantages and orchestration; TRL tokenisation, reward and advantages.
 
 Known differences: our learner runs on 2 DeepSpeed ZeRO-2 ranks and our engine in its own actor
 (colocated, the default: the engine computes with every core while it generates, each rank with
@@ -253,6 +253,14 @@ def run_ours(engine: str, workload: Workload, out: Path, per_step: int) -> dict:
         "generate": med(rows, "timing_s/generate"),
         "learner": med(rows, "timing_s/learner"),
         "weight_sync": med(rows, "timing_s/weight_sync"),
+        # per step, then the median: a difference of medians can go negative
+        "rest": statistics.median(
+            r["timing_s/step"]
+            - r["timing_s/generate"]
+            - r["timing_s/learner"]
+            - r["timing_s/weight_sync"]
+            for r in rows
+        ),
         "tokens": statistics.mean(r["rollout/generated_tokens"] for r in rows) / per_step,
         "reward": statistics.mean(r["reward/mean"] for r in rows),
         "wall": wall,
@@ -330,6 +338,7 @@ def run_trl(python: Path, out: Path) -> dict:
         "generate": med(rows, "generate_s"),
         "learner": statistics.median(r["step_s"] - r["generate_and_score_s"] for r in rows),
         "weight_sync": None,
+        "rest": statistics.median(r["generate_and_score_s"] - r["generate_s"] for r in rows),
         "tokens": statistics.mean(r["mean_length"] for r in logs) if logs else float("nan"),
         "reward": statistics.mean(r["reward"] for r in logs) if logs else float("nan"),
         "wall": wall,
@@ -460,8 +469,7 @@ def report(results: dict[str, dict], first: int, last: int) -> None:
     head = ("trainer", "s/step", "generate", "learner", "w. sync", "rest", "tok/smp", "reward")
     print(f"{head[0]:<22}" + "".join(f"{h:>9}" for h in head[1:]) + "  process s")
     for name, r in results.items():
-        rest = r["step"] - r["generate"] - r["learner"] - (r["weight_sync"] or 0.0)
-        cells = [r["step"], r["generate"], r["learner"], r["weight_sync"], rest]
+        cells = [r["step"], r["generate"], r["learner"], r["weight_sync"], r["rest"]]
         print(
             f"{name:<22}" + "".join(cell(c) for c in cells)
             + f"{r['tokens']:9.2f}{r['reward']:9.3f}  {r['wall']:9.1f}"

@@ -71,8 +71,8 @@ def against_memcpy(path: str) -> None:
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
     from rollout.config import RolloutConfig
+    from rollout.group import RolloutGroup
     from rollout.weight_sync import WeightSync
-    from rollout.worker import RolloutGroup
 
     learner = LearnerGroup(LearnerConfig(num_ranks=1, zero_stage=2), LossConfig(), path)
     rollout = RolloutGroup(RolloutConfig(engine="vllm", num_workers=1, max_model_len=256), path)
@@ -103,8 +103,8 @@ def measure(path: str, transport: str) -> tuple[float, float]:
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
     from rollout.config import RolloutConfig
+    from rollout.group import RolloutGroup
     from rollout.weight_sync import WeightSync
-    from rollout.worker import RolloutGroup
 
     learner = LearnerGroup(LearnerConfig(num_ranks=1, zero_stage=2), LossConfig(), path)
     rollout = RolloutGroup(

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from launch.loop import Rollouts
+from launch.rollouts import Rollouts
 from reward.tasks import Problem
 from reward.verifiers import Verdict
 from rollout.types import Group, Sample

@@ -128,9 +128,9 @@ def bf16_checks(path: str, texts: list[str], pad_id: int) -> bool:
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
     from rollout.config import RolloutConfig
+    from rollout.group import RolloutGroup
     from rollout.types import SamplingConfig
     from rollout.weight_sync import WeightSync
-    from rollout.worker import RolloutGroup
     from tests.gpu.vllm_logprob_items import batch_of, item_bf16_vs_fp32, summary
 
     ok = True

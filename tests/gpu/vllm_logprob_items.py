@@ -92,8 +92,8 @@ def items_fp32(
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
     from rollout.config import RolloutConfig
+    from rollout.group import RolloutGroup
     from rollout.types import SamplingConfig
-    from rollout.worker import RolloutGroup
 
     gpu = device == "cuda"
     rollout = RolloutGroup(

@@ -45,8 +45,8 @@ def test_bf16_item_measures_both_sides_in_bf16_without_moving_weights(ray_cluste
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
     from rollout.config import RolloutConfig
+    from rollout.group import RolloutGroup
     from rollout.types import SamplingConfig
-    from rollout.worker import RolloutGroup
 
     rollout = RolloutGroup(
         RolloutConfig(engine="vllm", num_workers=1, max_model_len=MAX_LEN, timeout_s=300),

@@ -64,7 +64,7 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     from transformers import AutoModelForCausalLM
 
     from rollout.config import RolloutConfig
-    from rollout.worker import RolloutGroup
+    from rollout.group import RolloutGroup
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     _, batch = train_batch(model)

@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     import ray
 
     from rollout.config import RolloutConfig
-    from rollout.worker import RolloutGroup
+    from rollout.group import RolloutGroup
 
     ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env={
         "worker_process_setup_hook": "tests.rollout.test_engine_device.cuda_everywhere"})

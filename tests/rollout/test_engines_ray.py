@@ -13,8 +13,8 @@ import torch
 from comm.actors import ActorGroupError
 from comm.weight_file import weights_dir
 from rollout.config import RolloutConfig
+from rollout.group import RolloutGroup
 from rollout.types import SamplingConfig
-from rollout.worker import RolloutGroup
 
 PROMPTS = ["3+4=", "12+7=", "61-27=", "5-2=", "23+8="]
 PARAMS = SamplingConfig(n=4, temperature=1.0, max_new_tokens=6, seed=11)

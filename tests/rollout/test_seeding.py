@@ -8,7 +8,7 @@ from rollout.seeding import derive_seed, prompt_seed, sample_seed
 
 def test_every_stream_of_a_run_is_distinct():
     # The driver's call seeds (launch/loop.py) and the rollout group's per-worker seeds
-    # (rollout/worker.py): 30 steps x 3 DAPO rounds x 2 workers x 16 positions x 8 samples,
+    # (rollout/group.py): 30 steps x 3 DAPO rounds x 2 workers x 16 positions x 8 samples,
     # plus 4 evaluation calls x 16 positions x 8 samples. The old scheme (call seed + worker,
     # vLLM's seed + j for every prompt of a call) gave 16 prompts the same 8 streams.
     seeds = []

@@ -164,8 +164,8 @@ def test_collective_sync_engines_score_with_the_learners_weights(
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
     from rollout.config import RolloutConfig
+    from rollout.group import RolloutGroup
     from rollout.weight_sync import WeightSync
-    from rollout.worker import RolloutGroup
     from tests.helpers import train_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -225,9 +225,9 @@ def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_d
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
     from rollout.config import RolloutConfig
+    from rollout.group import RolloutGroup
     from rollout.types import SamplingConfig
     from rollout.weight_sync import WeightSync
-    from rollout.worker import RolloutGroup
     from tests.helpers import kill_and_wait, train_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

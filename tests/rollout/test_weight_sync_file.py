@@ -28,8 +28,8 @@ def test_engines_load_the_learners_file_rewritten_in_place(ray_cluster, tiny_mod
     from learner.group import LearnerGroup
     from learner.loss import LossConfig
     from rollout.config import RolloutConfig
+    from rollout.group import RolloutGroup
     from rollout.weight_sync import WeightSync
-    from rollout.worker import RolloutGroup
     from tests.helpers import train_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
