@@ -95,32 +95,40 @@ def build_batch(
 ) -> TrainBatch:
     """One row per sample, in group order then sample order (the order advantages follow).
     ``masked_out [B]`` (bool, optional): samples whose tokens stay out of the loss (response
-    mask 0; DAPO's overlong filter)."""
+    mask 0; DAPO's overlong filter). Rows are padded as Python lists and become tensors at once
+    (a tensor per row cost ~15 ms a default step)."""
     rows = [(g.prompt_ids, s) for g in groups for s in g.samples]
     if len(rows) != advantages.numel():
         raise ValueError(f"{len(rows)} samples but {advantages.numel()} advantages")
+    for i, (_, s) in enumerate(rows):
+        if len(s.logprobs) != len(s.response_ids):
+            raise ValueError(
+                f"sample {i}: {len(s.response_ids)} response tokens but {len(s.logprobs)} log-probs"
+            )
     width = max(len(p) + len(s.response_ids) for p, s in rows)
-    b = len(rows)
-    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, width), dtype=torch.long)
-    response = torch.zeros((b, width), dtype=torch.float32)
-    old = torch.zeros((b, width), dtype=torch.float32)
-    for i, (prompt, s) in enumerate(rows):
-        p, r = len(prompt), len(s.response_ids)
-        if len(s.logprobs) != r:
-            raise ValueError(f"sample {i}: {r} response tokens but {len(s.logprobs)} log-probs")
-        input_ids[i, : p + r] = torch.tensor(prompt + s.response_ids)
-        attention[i, : p + r] = 1
-        response[i, p : p + r] = 0.0 if masked_out is not None and masked_out[i] else 1.0
-        old[i, p : p + r] = torch.tensor(s.logprobs)
+    prompt_lens = torch.tensor([len(p) for p, _ in rows], dtype=torch.long)  # [B]
+    ends = prompt_lens + torch.tensor([len(s.response_ids) for _, s in rows])  # [B]
+    pad = [pad_id] * width
+    zeros = [0.0] * width
+    input_ids = torch.tensor(
+        [(p + s.response_ids + pad)[:width] for p, s in rows], dtype=torch.long
+    )  # fmt: skip
+    old = torch.tensor(
+        [(zeros[: len(p)] + s.logprobs + zeros)[:width] for p, s in rows], dtype=torch.float32
+    )  # fmt: skip
+    pos = torch.arange(width)[None, :]  # [1, W]
+    attention = (pos < ends[:, None]).long()  # [B, W]
+    response = (pos >= prompt_lens[:, None]) & (pos < ends[:, None])
+    if masked_out is not None:
+        response &= ~masked_out.bool()[:, None]
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention,
-        response_mask=response,
+        response_mask=response.float(),
         old_logprobs=old,
         advantages=advantages.detach().to(torch.float32).reshape(-1),
         policy_version=torch.tensor([s.policy_version for _, s in rows], dtype=torch.long),
-        prompt_lens=torch.tensor([len(p) for p, _ in rows], dtype=torch.long),
+        prompt_lens=prompt_lens,
     )
 
 
