@@ -112,10 +112,10 @@ def build_batch(
     zeros = [0.0] * width
     input_ids = torch.tensor(
         [(p + s.response_ids + pad)[:width] for p, s in rows], dtype=torch.long
-    )  # fmt: skip
+    )
     old = torch.tensor(
         [(zeros[: len(p)] + s.logprobs + zeros)[:width] for p, s in rows], dtype=torch.float32
-    )  # fmt: skip
+    )
     pos = torch.arange(width)[None, :]  # [1, W]
     attention = (pos < ends[:, None]).long()  # [B, W]
     response = (pos >= prompt_lens[:, None]) & (pos < ends[:, None])
