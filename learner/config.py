@@ -14,6 +14,7 @@ from learner.advantage import AUGMENT, RELEASE_SCOPES
 from learner.estimators import ESTIMATORS
 from learner.logprobs import LOGITS_MODES
 from learner.loss import LossConfig
+from learner.shared_prefix import PACK_MODES
 from learner.tempered_logits import CHUNK_TOKENS
 from learner.trigger import TriggerConfig
 from learner.virtual_samples import STRATEGIES
@@ -158,6 +159,14 @@ class LearnerConfig:
     and gradients to float rounding on ~(P + nR) instead of n(P + R) tokens per group. Off with
     ``gradient_checkpointing`` (transformers drops the cache then), with ``logits=full``, and
     for a model where the shared path does not reproduce the plain one (checked at start)."""
+    pack: str = field(default="auto", metadata={"choices": PACK_MODES})
+    """Layout of the shared-prefix passes (learner/shared_prefix.py): ``off`` runs the prompts
+    and the responses as padded batches; ``on`` packs each into one row with a block attention
+    mask (no padding through the weights; attention over the whole row); ``auto`` packs a
+    micro-batch when that costs fewer FLOPs by the model's shapes (responses of unequal lengths;
+    not long rows). Packing needs sdpa or eager attention and no sliding-window layers (else
+    padded), and passes the same numeric check at start as the shared prefix (else ``off``,
+    logged)."""
     mini_batch_size: int | None = field(default=256, metadata={"ge": 1})
     """At most this many samples per optimizer step (over all ranks): a step's batch of n
     samples makes ceil(n / mini_batch_size) equal mini-batches, one optimizer step each; null =

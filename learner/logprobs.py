@@ -19,10 +19,12 @@ Memory (``learner.logits``): at real vocabularies the logits are the learner's l
   states [B, T, H], keeps the N scored positions [N, H], and applies the output embedding
   (``lm_head``; tied or not), the soft-cap if the config has one, and the tempered fp32
   log-softmax / gather / entropy to ``num_chunks`` pieces of at most ``chunk_tokens`` positions.
-  With gradients each piece runs under activation checkpointing, so the forward keeps only
-  log-probs and entropies and the backward recomputes one piece's logits at a time: peak
-  logits memory ~ ``chunk_tokens`` x V x ~18 bytes (bf16 logits, fp32 z, log-softmax, p, p log p)
-  instead of B x T x V x (2 + 4 + ...).
+  With gradients and several pieces each piece runs under activation checkpointing, so the
+  forward keeps only log-probs and entropies and the backward recomputes one piece's logits at a
+  time: peak logits memory ~ ``chunk_tokens`` x V x ~18 bytes (bf16 logits, fp32 z, log-softmax,
+  p, p log p) instead of B x T x V x (2 + 4 + ...). A single piece is not recomputed: its saved
+  softmax (~8 bytes per entry) stays within that peak, and the backward skips a second output
+  projection (every rank plans as many pieces, so ZeRO-3's gathers still match).
 
 Through DeepSpeed: the engine does its bookkeeping around ``engine(...)`` (forward prologue and
 epilogue, ZeRO-3's start-of-forward hook that resets its parameter-fetch order, and backward
@@ -104,15 +106,16 @@ def _chunked_forward(
     chunks: int,
     intrinsic: bool = False,
     prompt_lens: Tensor | None = None,
+    pack: str = "auto",
 ) -> tuple[Tensor, ...]:
     """(logp [B, T], entropy [B, T]) or (logp,): decoder, then output embedding in pieces;
     ``intrinsic``: (entropy, self-certainty) instead (:func:`model_intrinsic`). With
     ``prompt_lens`` (and a ``token_mask`` on response positions only), each distinct prompt
-    runs through the decoder once (learner/shared_prefix.py)."""
+    runs through the decoder once (learner/shared_prefix.py; ``pack``: its layout)."""
     b, t = input_ids.shape
     decoder = module.get_decoder()
     if prompt_lens is not None and token_mask is not None:
-        hidden = shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lens)
+        hidden = shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lens, pack)
     else:
         hidden = decoder(
             input_ids=input_ids, attention_mask=attention_mask, use_cache=False
@@ -126,13 +129,14 @@ def _chunked_forward(
         pos = torch.zeros(1, dtype=torch.long, device=input_ids.device)
     flat = hidden.reshape(b * t, -1).index_select(0, pos)  # [N, H]
     targets = input_ids.flatten()[pos + 1] if not dummy else input_ids.flatten()[:1]  # [N]
-    grad = torch.is_grad_enabled() and flat.requires_grad
+    # Several pieces: recompute each in the backward (module docstring); one: keep its softmax.
+    recompute = torch.is_grad_enabled() and flat.requires_grad and chunks > 1
     head, softcap = module.get_output_embeddings(), _softcap(module)
     pieces = []
     for h, y in zip(flat.tensor_split(chunks), targets.tensor_split(chunks), strict=True):
         args = (head, h, y, temperature, softcap, with_entropy, intrinsic)
         pieces.append(
-            checkpoint(_head_chunk, *args, use_reentrant=False) if grad else _head_chunk(*args)
+            checkpoint(_head_chunk, *args, use_reentrant=False) if recompute else _head_chunk(*args)
         )
     outs = []
     for values in zip(*pieces, strict=True):
@@ -177,6 +181,7 @@ def model_logprobs(
     token_mask: Tensor | None = None,
     chunks: int | None = None,
     prompt_lens: Tensor | None = None,
+    pack: str = "auto",
 ) -> tuple[Tensor, Tensor | None]:
     """``(logp [B, T], entropy [B, T] or None)`` of ``input_ids`` under ``model`` (a DeepSpeed
     engine or a transformers causal LM) at ``temperature``; 0 at position 0 and outside
@@ -185,7 +190,8 @@ def model_logprobs(
     ``num_chunks(scored_positions, chunk_tokens)``; ZeRO-3 callers pass one equal on all ranks).
     ``prompt_lens [B]`` (chunked path, with a ``token_mask`` that is 0 on prompts): rows are
     right-padded ``prompt + response`` and each distinct prompt runs once
-    (learner/shared_prefix.py; same values to float rounding, fewer tokens).
+    (learner/shared_prefix.py; same values to float rounding, fewer tokens); ``pack``: padded
+    or packed prompts and responses (``auto``: the cheaper; ``off``; ``on``).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -210,16 +216,8 @@ def model_logprobs(
     module = _unwrap(model)
 
     def forward(input_ids, attention_mask):
-        return _chunked_forward(
-            module,
-            input_ids,
-            attention_mask,
-            token_mask,
-            temperature,
-            with_entropy,
-            chunks,
-            prompt_lens=prompt_lens,
-        )
+        args = (token_mask, temperature, with_entropy, chunks)
+        return _chunked_forward(module, input_ids, attention_mask, *args, False, prompt_lens, pack)
 
     with _forward_as(module, forward):
         outs = model(input_ids=input_ids, attention_mask=attention_mask)
@@ -326,12 +324,12 @@ def logits_problem(model, *, tolerance: float | None = None) -> str | None:
     return None
 
 
-def prefix_problem(model, *, tolerance: float | None = None) -> str | None:
+def prefix_problem(model, *, tolerance: float | None = None, pack: str = "off") -> str | None:
     """Why ``shared_prefix_hidden`` (learner/shared_prefix.py) would not reproduce ``model``'s
-    plain chunked log-probs (None when it does): a fixed batch of two prompts (lengths 5 and 3)
-    with two responses each (lengths 4 and 2) is scored both ways. Runs two forward passes: under
-    ZeRO-3 every rank must call it. ``tolerance``: by the model's dtype unless given
-    (:func:`check_tolerance`)."""
+    plain chunked log-probs (None when it does), in the ``pack`` layout: a fixed batch of two
+    prompts (lengths 5 and 3) with two responses each (lengths 4 and 2) is scored both ways.
+    Runs two forward passes: under ZeRO-3 every rank must call it. ``tolerance``: by the
+    model's dtype unless given (:func:`check_tolerance`)."""
     tolerance = check_tolerance(model) if tolerance is None else tolerance
     module = _unwrap(model)
     weight = module.get_output_embeddings().weight
@@ -350,7 +348,7 @@ def prefix_problem(model, *, tolerance: float | None = None) -> str | None:
         plain, _ = model_logprobs(model, ids, mask, token_mask=token_mask)
         try:
             shared, _ = model_logprobs(
-                model, ids, mask, token_mask=token_mask, prompt_lens=prompt_lens
+                model, ids, mask, token_mask=token_mask, prompt_lens=prompt_lens, pack=pack
             )
         except Exception as err:  # noqa: BLE001 - any failure means: compute every row in full
             return f"the shared-prefix forward failed: {type(err).__name__}: {err}"

@@ -40,6 +40,7 @@ from learner.policy import (
     skip_shm_all_reduce,
 )
 from learner.rank_update import RankUpdate
+from learner.shared_prefix import packing_supported
 
 
 class LearnerRank:
@@ -130,6 +131,7 @@ class LearnerRank:
                 self.logits = "full"
                 print(f"learner: learner.logits=chunked falls back to full logits: {problem}")
         self.shared_prefix = self._shared_prefix_usable(dist)
+        self.pack = self._pack_usable(dist) if self.shared_prefix else "off"
         # A frozen reference policy for the KL term, only when it is used (kl_coef > 0): a full
         # replica per rank (fine for small models; large ones want a ZeRO-3 inference engine).
         self.reference = None
@@ -139,7 +141,8 @@ class LearnerRank:
         self.update = RankUpdate(
             self.engine, self.scheduler, self.cfg, self.loss_cfg,
             temperature=self.temperature, logits=self.logits, shared_prefix=self.shared_prefix,
-            reference=self.reference, world_size=self.world_size, device=self.device,
+            pack=self.pack, reference=self.reference, world_size=self.world_size,
+            device=self.device,
         )  # fmt: skip
         return self.rank
 
@@ -186,6 +189,24 @@ class LearnerRank:
         if why is not None and self.rank == 0:
             print(f"learner: learner.shared_prefix is off: {why}")
         return why is None
+
+    def _pack_usable(self, dist) -> str:
+        """``learner.pack``, or ``off`` when the decoder cannot take the packed layout or its
+        shared-prefix check fails in that layout on any rank (every rank runs it)."""
+        if self.cfg.pack == "off":
+            return "off"
+        why = packing_supported(self.engine.module.get_decoder())
+        if why is None:
+            problem = prefix_problem(self.engine, pack="on")
+            flag = torch.tensor([float(problem is not None)], device=self.engine.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                why = problem or "it failed on another rank"
+        if why is None:
+            return self.cfg.pack
+        if self.rank == 0:
+            print(f"learner: learner.pack={self.cfg.pack} falls back to off: {why}")
+        return "off"
 
     def memory(self) -> tuple[str, str, float]:
         """``(node id, device kind, free bytes)``: where this rank runs and the memory its

@@ -20,12 +20,15 @@ class RankUpdate:
     """Built by :meth:`~learner.rank.LearnerRank.init` once the engine is up: the DeepSpeed
     ``engine`` and its ``scheduler``, the learner and loss configs, the sampling temperature,
     the logits mode (``full`` / ``chunked``, after the rank's check), whether the shared-prompt
-    path is on, the frozen KL reference (or None), the world size and the device kind."""
+    path is on and its layout (``pack``, after the rank's check), the frozen KL reference (or
+    None), the world size and the device kind."""
 
     def __init__(self, engine, scheduler, cfg, loss_cfg, *, temperature: float, logits: str,
-                 shared_prefix: bool, reference, world_size: int, device: str):  # fmt: skip
+                 shared_prefix: bool, pack: str, reference, world_size: int,
+                 device: str):  # fmt: skip
         self.engine, self.scheduler, self.cfg, self.loss_cfg = engine, scheduler, cfg, loss_cfg
         self.temperature, self.logits, self.shared_prefix = temperature, logits, shared_prefix
+        self.pack = pack
         self.reference, self.world_size, self.device = reference, world_size, device
 
     def train(
@@ -84,6 +87,7 @@ class RankUpdate:
                 total_seqs=total_seqs,
                 reference=self.reference,
                 shared_prefix=self.shared_prefix,
+                pack=self.pack,
                 **self._scoring(micro),
             )
             # A non-finite loss can have finite gradients (the log-ratio clamp passes none back
@@ -165,6 +169,7 @@ class RankUpdate:
                 mb.attention_mask,
                 token_mask=mb.response_mask,
                 prompt_lens=mb.prompt_lens if self.shared_prefix else None,
+                pack=self.pack,
                 **self._scoring(micro),
             )
             rows = torch.tensor(micro.rows)[:, None]  # [n, 1]

@@ -183,13 +183,14 @@ def microbatch_loss(
     chunk_tokens: int = CHUNK_TOKENS,
     chunks: int | None = None,
     shared_prefix: bool = False,
+    pack: str = "auto",
 ) -> tuple[LossOutput, torch.Tensor]:
     """Forward ``mb`` through ``model`` (a DeepSpeed engine or any causal LM, on its device),
     score its response tokens at ``temperature`` (learner/logprobs.py: ``logits`` mode, pieces of
     ``chunk_tokens`` positions, ``chunks`` pieces when given) and return the policy loss of this
     piece of a mini-batch (with the mini-batch's global counts) and the current log-probs
     ``[B, T]`` (0 outside the response). ``shared_prefix``: each distinct prompt runs once
-    (learner/shared_prefix.py ``shared_prefix_hidden``)."""
+    (learner/shared_prefix.py ``shared_prefix_hidden``, in the ``pack`` layout)."""
     if cfg.aggregation == "seq-mean-token-sum-norm" and cfg.norm_len is None:
         raise ValueError("loss.norm_len must be set (the max response length) for Dr. GRPO")
     mb = mb.to(model.device)
@@ -199,6 +200,7 @@ def microbatch_loss(
         chunk_tokens=chunk_tokens,
         token_mask=mb.response_mask,
         prompt_lens=mb.prompt_lens if shared_prefix else None,
+        pack=pack,
     )
     logp, entropy = model_logprobs(
         model, mb.input_ids, mb.attention_mask, with_entropy=True, chunks=chunks, **score

@@ -1,7 +1,7 @@
 """Benchmark: the learner's achieved FLOP rate against this CPU's matmul rate (issue 46 item 5).
 
     .venv/bin/python tests/benchmarks/bench_learner_flops.py [--model smollm2|tiny]
-                                                            [--dtype float32|bfloat16]
+                                          [--dtype float32|bfloat16] [--profile] [overrides]
 
 The learner is built as a run builds it (the config of ``experiment=smollm2_cpu``, or the
 default for ``tiny``: its ranks, ZeRO stage, micro-batches, logits path and shared prefix, one
@@ -160,7 +160,7 @@ def profile_update(cfg, path: str, batch, dtype: str, threads: int, ranks: int) 
                     model, mb, cfg.algorithm.loss,
                     temperature=cfg.rollout.sampling.temperature, total_tokens=tokens,
                     total_seqs=seqs, logits=cfg.learner.logits,
-                    shared_prefix=cfg.learner.shared_prefix,
+                    shared_prefix=cfg.learner.shared_prefix, pack=cfg.learner.pack,
                 )  # fmt: skip
             out.loss.backward()
         optimizer.step()
@@ -196,9 +196,10 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", choices=("smollm2", "tiny"))
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--profile", action="store_true", help="then profile one rank's share")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. learner.pack=off")
     args = parser.parse_args()
     overrides = ["experiment=smollm2_cpu"] if args.model == "smollm2" else []
-    cfg = load(*overrides, f"model.dtype={args.dtype}")
+    cfg = load(*overrides, f"model.dtype={args.dtype}", *args.overrides)
     path = ensure_model(cfg.model, log=lambda *_: None)
     batch = step_batch(cfg, path)
     ranks, cores = cfg.learner.num_ranks, len(os.sched_getaffinity(0))

@@ -108,13 +108,15 @@ def test_token_budget_chunked_checkpointed_update_equals_the_count_based_full_on
 
 
 @pytest.mark.slow
-def test_shared_prefix_update_equals_the_plain_one(tiny_model_dir, plain):
-    """Prompts computed once per group on real ZeRO-2 ranks (the default token budget and
-    chunked logits): the same update as every row in full, on fewer decoder tokens. Groups stay
-    whole per rank (4 groups of 4 over 2 ranks)."""
+@pytest.mark.parametrize(("pack", "stage"), [("off", 2), ("on", 3)])
+def test_shared_prefix_update_equals_the_plain_one(tiny_model_dir, plain, pack, stage):
+    """Prompts computed once per group on real DeepSpeed ranks (the default token budget and
+    chunked logits), padded under ZeRO-2 and packed under ZeRO-3 (whose ranks gather each
+    module's weights: both must make the same calls): the same update as every row in full, on
+    fewer decoder tokens. Groups stay whole per rank (4 groups of 4 over 2 ranks)."""
     batch = _batch()
-    base_metrics, base = plain(2)
-    metrics, got = _update(tiny_model_dir, batch, shared_prefix=True)
+    base_metrics, base = plain(stage)
+    metrics, got = _update(tiny_model_dir, batch, shared_prefix=True, pack=pack, zero_stage=stage)
     # plain: every real token; shared: 4 prompts once + each response but its last token
     lens, prompts = batch.attention_mask.sum(1), batch.prompt_lens
     assert base_metrics["perf/learner_decoder_tokens"] == float(lens.sum())

@@ -12,6 +12,7 @@ import torch
 
 from learner.batch import build_batch, prompt_units, shard_by_tokens
 from learner.logprobs import model_logprobs, prefix_problem
+from learner.shared_prefix import packing_supported, use_packed
 from rollout.types import Group, Sample
 
 
@@ -47,8 +48,11 @@ def _logprobs_and_grads(model, batch, **kw):
     return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("pack", ["off", "on"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_shared_prefix_equals_the_plain_forward(tiny_model_dir, attn):
+def test_shared_prefix_equals_the_plain_forward(tiny_model_dir, attn, pack):
+    """Both layouts (padded batches; packed rows under a block mask) and both attention kernels
+    (sdpa takes a boolean mask, eager an additive one)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -58,7 +62,7 @@ def test_shared_prefix_equals_the_plain_forward(tiny_model_dir, attn):
     batch = build_batch(_groups(), torch.zeros(12), pad_id=0)
     batch.response_mask[5] = 0  # a row kept out of the loss (DAPO's overlong filter)
     plain = _logprobs_and_grads(model, batch)
-    shared = _logprobs_and_grads(model, batch, prompt_lens=batch.prompt_lens)
+    shared = _logprobs_and_grads(model, batch, prompt_lens=batch.prompt_lens, pack=pack)
     # both score exactly the response tokens of the rows in the loss (log-probs are never 0)
     scored = int((batch.response_mask[:, 1:] != 0).sum())
     assert int((shared[0] != 0).sum()) == scored > 0
@@ -67,10 +71,11 @@ def test_shared_prefix_equals_the_plain_forward(tiny_model_dir, attn):
     for name, g in plain[2].items():
         # fp32 sums in another order: ~1e-6 relative; 1e-4 of the largest entry leaves margin
         assert torch.allclose(shared[2][name], g, atol=1e-4 * g.abs().max().item()), name
-    assert prefix_problem(model) is None
+    assert prefix_problem(model, pack=pack) is None
 
 
-def test_a_misplaced_response_is_caught(tiny_model_dir):
+@pytest.mark.parametrize("pack", ["off", "on"])
+def test_a_misplaced_response_is_caught_in_either_layout(tiny_model_dir, pack):
     """The comparison above can fail. A prompt length one short is still exact (the split
     point only decides what is shared; the last prompt token then runs with the response), one
     too long leaves the first response token's predicting state out: different log-probs."""
@@ -88,6 +93,7 @@ def test_a_misplaced_response_is_caught(tiny_model_dir):
             batch.attention_mask,
             token_mask=batch.response_mask,
             prompt_lens=batch.prompt_lens + 1,
+            pack=pack,
         )
         short, _ = model_logprobs(
             model,
@@ -95,6 +101,7 @@ def test_a_misplaced_response_is_caught(tiny_model_dir):
             batch.attention_mask,
             token_mask=batch.response_mask,
             prompt_lens=batch.prompt_lens - 1,
+            pack=pack,
         )
     assert (wrong - plain).abs().max() > 1e-3
     assert (short - plain).abs().max() < 1e-5
@@ -124,3 +131,44 @@ def test_self_checks_use_a_tolerance_for_the_models_dtype(tiny_model_dir):
         assert logits_problem(model) is None and prefix_problem(model) is None, dtype
         # the numbers are still checked: a tolerance below the gap reports it
         assert "differ" in (prefix_problem(model, tolerance=-1.0) or "")
+
+
+def test_auto_packs_where_padding_costs_more(tiny_model_dir):
+    """``auto`` follows layout_costs on the model's shapes (FAST_TINY: 4 layers of 213,248
+    weights -> 426,496 FLOPs a token; 4 heads x 32 -> 512 a pair). One prompt of 8 tokens and
+    rows running 1 and 40 response tokens: padded 8 + 2 x 40 = 88 tokens and 64 + 2 x 40 x 48
+    = 3,904 pairs, packed 49 tokens and 64 + 41 x 49 = 2,073 pairs (packed). Four rows of 40:
+    168 tokens either way; pairs 64 + 160 x 48 = 7,744 padded, 64 + 160 x 168 = 26,944 packed
+    (padded)."""
+    from transformers import AutoModelForCausalLM
+
+    decoder = AutoModelForCausalLM.from_pretrained(tiny_model_dir).get_decoder()
+    assert use_packed(decoder, "auto", [8], [1, 40])
+    assert not use_packed(decoder, "auto", [8], [40, 40, 40, 40])
+    assert use_packed(decoder, "on", [8], [40, 40, 40, 40])
+    assert not use_packed(decoder, "off", [8], [1, 40])
+    with pytest.raises(ValueError, match="pack must be one of"):
+        use_packed(decoder, "yes", [8], [1, 40])
+
+
+def test_packing_needs_a_4d_mask_and_full_attention():
+    """sdpa and eager take the block mask; flash-attention kernels and sliding-window layers
+    (their caches drop keys) cannot: auto pads, ``on`` says why."""
+    from types import SimpleNamespace
+
+    def decoder(**config):
+        base = dict(_attn_implementation="sdpa", layer_types=None, sliding_window=None)
+        return SimpleNamespace(config=SimpleNamespace(**{**base, **config}))
+
+    assert packing_supported(decoder()) is None
+    assert packing_supported(decoder(_attn_implementation="eager")) is None
+    assert "4D mask" in packing_supported(decoder(_attn_implementation="flash_attention_2"))
+    assert "sliding" in packing_supported(
+        decoder(layer_types=["full_attention", "sliding_attention"])
+    )
+    assert "sliding" in packing_supported(decoder(sliding_window=4096))  # Mistral-style
+    # Qwen2-style: a window in the config, switched off
+    assert packing_supported(decoder(sliding_window=4096, use_sliding_window=False)) is None
+    assert not use_packed(decoder(_attn_implementation="flash_attention_2"), "auto", [8], [1, 40])
+    with pytest.raises(ValueError, match="takes no 4D mask"):
+        use_packed(decoder(_attn_implementation="flash_attention_2"), "on", [8], [1, 40])
