@@ -93,15 +93,14 @@ def packing_supported(decoder) -> str | None:
 
 
 def _layer_flops(decoder) -> tuple[float, float]:
-    """``(token_flops, pair_flops)`` of one decoder layer (:func:`layout_costs`); ZeRO-3's
-    partitioned parameters are counted at their full size."""
+    """``(token_flops, pair_flops)`` of one decoder layer (:func:`layout_costs`): the decoder's
+    weights but its input embedding, over its layers (ZeRO-3's partitioned parameters counted at
+    their full size)."""
     config = decoder.config
     layers = config.num_hidden_layers
-    params = sum(
-        getattr(p, "ds_numel", p.numel())
-        for name, p in decoder.named_parameters()
-        if ".layers." in f".{name}"
-    )
+    size = lambda p: getattr(p, "ds_numel", p.numel())  # noqa: E731
+    params = sum(size(p) for p in decoder.parameters())
+    params -= size(decoder.get_input_embeddings().weight)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return 2.0 * params / layers, 4.0 * heads * head_dim

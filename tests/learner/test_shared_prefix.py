@@ -135,7 +135,8 @@ def test_self_checks_use_a_tolerance_for_the_models_dtype(tiny_model_dir):
 
 def test_auto_packs_where_padding_costs_more(tiny_model_dir):
     """``auto`` follows layout_costs on the model's shapes (FAST_TINY: 4 layers of 213,248
-    weights -> 426,496 FLOPs a token; 4 heads x 32 -> 512 a pair). One prompt of 8 tokens and
+    weights and a final norm of 128 -> 2 x 853,120 / 4 = 426,560 FLOPs a token; 4 heads x 32 ->
+    512 a pair). One prompt of 8 tokens and
     rows running 1 and 40 response tokens: padded 8 + 2 x 40 = 88 tokens and 64 + 2 x 40 x 48
     = 3,904 pairs, packed 49 tokens and 64 + 41 x 49 = 2,073 pairs (packed). Four rows of 40:
     168 tokens either way; pairs 64 + 160 x 48 = 7,744 padded, 64 + 160 x 168 = 26,944 packed
@@ -172,3 +173,18 @@ def test_packing_needs_a_4d_mask_and_full_attention():
     assert not use_packed(decoder(_attn_implementation="flash_attention_2"), "auto", [8], [1, 40])
     with pytest.raises(ValueError, match="takes no 4D mask"):
         use_packed(decoder(_attn_implementation="flash_attention_2"), "on", [8], [1, 40])
+
+
+def test_layer_costs_count_zero3_partitioned_weights_at_full_size(tiny_model_dir):
+    """Under ZeRO-3 a rank's parameters are empty shards with their full size in ``ds_numel``:
+    the cost model must see the same model (FAST_TINY: 426,560 FLOPs a token, as above)."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.shared_prefix import _layer_flops
+
+    decoder = AutoModelForCausalLM.from_pretrained(tiny_model_dir).get_decoder()
+    assert _layer_flops(decoder) == (426560.0, 512.0)
+    for p in decoder.parameters():
+        p.ds_numel = p.numel()
+        p.data = p.data.new_empty(0)
+    assert _layer_flops(decoder) == (426560.0, 512.0)
