@@ -169,6 +169,18 @@ def _unwrap(model) -> torch.nn.Module:
     return inner if isinstance(inner, torch.nn.Module) else model
 
 
+def _full_logprobs(model, input_ids, attention_mask, token_mask, **score):
+    """:func:`model_logprobs`'s ``full`` path: the model's [B, T, V] logits, scored by
+    ``token_logprobs`` (``score``: its keywords), 0 outside ``token_mask`` when one is given."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logp, ent = token_logprobs(out, input_ids, **score)
+    if token_mask is not None:
+        keep = token_mask != 0
+        logp = torch.where(keep, logp, 0.0)
+        ent = None if ent is None else torch.where(keep, ent, 0.0)
+    return logp, ent
+
+
 def model_logprobs(
     model,
     input_ids: Tensor,
@@ -198,26 +210,24 @@ def model_logprobs(
     if logits not in LOGITS_MODES:
         raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
     if logits == "full":
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        logp, ent = token_logprobs(
-            out,
-            input_ids,
-            temperature=temperature,
-            with_entropy=with_entropy,
-            chunk_tokens=chunk_tokens,
-        )
-        if token_mask is not None:
-            keep = token_mask != 0
-            logp = torch.where(keep, logp, 0.0)
-            ent = None if ent is None else torch.where(keep, ent, 0.0)
-        return logp, ent
+        score = dict(temperature=temperature, with_entropy=with_entropy, chunk_tokens=chunk_tokens)
+        return _full_logprobs(model, input_ids, attention_mask, token_mask, **score)
     if chunks is None:
         chunks = num_chunks(scored_positions(token_mask, tuple(input_ids.shape)), chunk_tokens)
     module = _unwrap(model)
 
     def forward(input_ids, attention_mask):
-        args = (token_mask, temperature, with_entropy, chunks)
-        return _chunked_forward(module, input_ids, attention_mask, *args, False, prompt_lens, pack)
+        return _chunked_forward(
+            module,
+            input_ids,
+            attention_mask,
+            token_mask,
+            temperature,
+            with_entropy,
+            chunks,
+            prompt_lens=prompt_lens,
+            pack=pack,
+        )
 
     with _forward_as(module, forward):
         outs = model(input_ids=input_ids, attention_mask=attention_mask)

@@ -124,10 +124,8 @@ class LearnerRank:
         if self.logits == "chunked":
             # Every rank checks (a forward pass: ZeRO-3 gathers) and all take the full path if
             # any rank must (the two paths call the output embedding a different number of times).
-            problem = logits_problem(self.engine)
-            flag = torch.tensor([float(problem is not None)], device=self.engine.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() > 0:
+            problem = self._on_any_rank(logits_problem(self.engine), dist)
+            if problem is not None:
                 self.logits = "full"
                 print(f"learner: learner.logits=chunked falls back to full logits: {problem}")
         self.shared_prefix = self._shared_prefix_usable(dist)
@@ -169,6 +167,15 @@ class LearnerRank:
         )
         return engine, optimizer, scheduler
 
+    def _on_any_rank(self, problem: str | None, dist) -> str | None:
+        """This rank's ``problem`` with a self-check, or a stand-in when only another rank has one
+        (all ranks must choose the same path: ZeRO-3 gathers per module call); None if none."""
+        flag = torch.tensor([float(problem is not None)], device=self.engine.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() == 0:
+            return None
+        return problem or "it failed on another rank"
+
     def _shared_prefix_usable(self, dist) -> bool:
         """``learner.shared_prefix``, unless gradient checkpointing or full logits rule it out or
         the model fails the numeric check on any rank (every rank runs it: ZeRO-3 gathers)."""
@@ -181,11 +188,7 @@ class LearnerRank:
         elif self.logits != "chunked":
             why = "the full-logits path is in use"
         if why is None:
-            problem = prefix_problem(self.engine)
-            flag = torch.tensor([float(problem is not None)], device=self.engine.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() > 0:
-                why = problem or "it failed on another rank"
+            why = self._on_any_rank(prefix_problem(self.engine), dist)
         if why is not None and self.rank == 0:
             print(f"learner: learner.shared_prefix is off: {why}")
         return why is None
@@ -197,11 +200,7 @@ class LearnerRank:
             return "off"
         why = packing_supported(self.engine.module.get_decoder())
         if why is None:
-            problem = prefix_problem(self.engine, pack="on")
-            flag = torch.tensor([float(problem is not None)], device=self.engine.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() > 0:
-                why = problem or "it failed on another rank"
+            why = self._on_any_rank(prefix_problem(self.engine, pack="on"), dist)
         if why is None:
             return self.cfg.pack
         if self.rank == 0:
