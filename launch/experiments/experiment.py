@@ -351,4 +351,7 @@ def summarize_run(run_dir: Path) -> dict:
         # response tokens trained on whose advantage was not zero (per PPO epoch)
         "grad_tokens": grad,
         "time_per_step_s": s["time_per_step_s"],
+        "timing_share": s["timing_share"],  # each phase's share of the summed step time
+        # mean |engine - learner| log-prob of the sampled tokens, same policy version (issue 46)
+        "logprob_gap": mean_over("rollout/logprob_abs_diff_mean", steps),
     }

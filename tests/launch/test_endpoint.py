@@ -52,6 +52,21 @@ def test_a_row_reads_the_mean_at_n_its_evaluation_wrote(tmp_path):
     assert (r["n"], r["final_mean_at_k"]) == (8, 0.375)
 
 
+def test_a_row_keeps_the_log_prob_gap_and_the_phase_shares(tmp_path):
+    # issue 46's bf16 grid (e7_bf16) compares dtypes by the engine/learner log-prob gap and
+    # where the step's time went: steps 1 and 2 logged gaps 0.01 and 0.03 -> mean 0.02; each
+    # step 4 s, generate 1 and learner 2 of it -> shares 0.25 and 0.5, the rest 0.25 "other"
+    rows = evals("eval/mean@4")
+    for r, gap in zip(rows[1:], (0.01, 0.03), strict=True):
+        r.update({"rollout/logprob_abs_diff_mean": gap, "timing_s/step": 4.0,
+                  "timing_s/generate": 1.0, "timing_s/learner": 2.0})  # fmt: skip
+    r = summarize_run(write_run(tmp_path / "run", rows, "trainer:\n  eval_pass_k: 4\n"))
+    assert r["logprob_gap"] == pytest.approx(0.02) and r["time_per_step_s"] == pytest.approx(4.0)
+    assert r["timing_share"]["generate"] == pytest.approx(0.25)
+    assert r["timing_share"]["learner"] == pytest.approx(0.5)
+    assert r["timing_share"]["other"] == pytest.approx(0.25)
+
+
 def test_a_run_without_the_configured_mean_at_n_has_no_row_to_give(tmp_path):
     run = write_run(tmp_path / "run", evals("eval/mean@4"), EIGHT_OF_FOUR)
     with pytest.raises(ValueError, match=r"step 0 .* no eval/mean@8 \(trainer.eval_samples"):
