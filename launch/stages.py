@@ -16,6 +16,7 @@ from comm.hub import ModelRef
 from launch.cluster import actor_resources, init_ray, plan_threads, reserve
 from launch.config import TrainConfig, learner_seed
 from launch.models.bootstrap import resolve_model
+from launch.models.dtype import resolve_dtype
 from launch.prompts import render
 from launch.resume import check_resumable, resolve_resume
 from launch.sampler import make_sampler
@@ -164,6 +165,7 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
         for name in checkpoint.clean_stale(ckpt_root):
             log(f"removed {ckpt_root / name}: a partial checkpoint of an interrupted write")
     resume_from = resolve_resume(cfg, ckpt_root)
+    resolve_dtype(cfg.model, log)  # auto: launch.train chose before config.yaml; evaluate here
     model = resolve_model(cfg.model, log)  # a hub id: its commit, loaded by every actor
     model_path = model.folder
     if resume_from is not None and not train:  # evaluate a checkpoint's weights

@@ -61,10 +61,12 @@ def main(raw: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from launch.models.bootstrap import pin_revision
+    from launch.models.dtype import resolve_dtype
 
     with exit_on_config_error():
         cfg = to_train_config(raw)
         pin_revision(cfg.model)  # a hub id: the commit its revision names now, in config.yaml
+        resolve_dtype(cfg.model)  # auto: this machine's choice, in config.yaml
     run_dir = Path(cfg.trainer.run_dir or HydraConfig.get().runtime.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))

@@ -22,7 +22,12 @@ class ModelConfig:
     in its config.yaml, so every actor, a resume and a rerun load the same weights."""
     cache_dir: str | None = None
     """Where built models live; null = $AVSPO_CACHE or ~/.cache/avspo/models."""
-    dtype: str = field(default="float32", metadata={"choices": ("float32", "bfloat16", "float16")})
+    dtype: str = field(
+        default="float32", metadata={"choices": ("float32", "bfloat16", "float16", "auto")}
+    )
+    """The engines' and (``learner.dtype`` null) the learner's. ``auto``: bfloat16 where the
+    launching machine has native bf16 (AMX / AVX512_BF16, a CUDA device), else float32
+    (launch/models/dtype.py); the run's config.yaml records the choice."""
     tiny: TinyConfig = field(default_factory=TinyConfig)
     rebuild: bool = False
     """source=tiny: build the weights on this machine (into the cache) even where they ship
