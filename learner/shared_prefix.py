@@ -148,13 +148,26 @@ def shared_prefix_hidden(
     which = which.to(device)
     resp_len = attention_mask.sum(1) - prompt_lens  # [B]
     runs = (resp_len - 1).clamp(min=0)  # response tokens that run: the last predicts none
+    # ZeRO-3 gathers a module's weights at each call, forward and backward: every rank makes the
+    # same calls, so a micro-batch whose responses run no token (all one token long) runs its
+    # first row's first one anyway, its output joining the graph times zero.
+    dummy = int(runs.sum()) == 0
+    if dummy:
+        runs = torch.zeros_like(runs)
+        runs[0] = 1
     p_list, r_list = prompt_lens[first].tolist(), runs.tolist()
-    if use_packed(decoder, pack, p_list, r_list):
-        return _packed(decoder, input_ids, prompt_lens, which, first, runs, t)
-    return _padded(decoder, input_ids, attention_mask, prompt_lens, which, first, runs, t)
+    layout = _packed if use_packed(decoder, pack, p_list, r_list) else _padded
+    flat_idx, values, h_resp = layout(decoder, input_ids, prompt_lens, which, first, runs, t)
+    if dummy:
+        flat_idx, values = flat_idx[:1], values[:1]
+    hidden = _scatter(values[0], b, t, flat_idx, values)
+    return hidden + 0 * h_resp.sum() if dummy else hidden
 
 
-def _padded(decoder, input_ids, attention_mask, prompt_lens, which, first, runs, t) -> Tensor:
+def _padded(decoder, input_ids, prompt_lens, which, first, runs, t):
+    """(flat positions, their hidden states) of the prompt pass's last states and the responses'
+    own, and the response pass's output: each distinct prompt a row, then each row's response
+    on its prompt's cache, both padded to their longest."""
     b, device = input_ids.shape[0], input_ids.device
     p_len = prompt_lens[first]  # [U]
     p_max = int(p_len.max())
@@ -162,29 +175,28 @@ def _padded(decoder, input_ids, attention_mask, prompt_lens, which, first, runs,
     prompts = input_ids[first, :p_max] * p_mask
     out = decoder(input_ids=prompts, attention_mask=p_mask, use_cache=True)
     h_prompt = out.last_hidden_state  # [U, P, H]
-    r_max = int(runs.max()) + 1
     # Position prompt_len - 1 predicts the first response token.
     flat_idx = [torch.arange(b, device=device) * t + prompt_lens - 1]
     values = [h_prompt[which, prompt_lens - 1]]  # [B, H]
-    if r_max > 1:  # the response's own positions predict its next tokens (the last predicts none)
-        j = torch.arange(r_max - 1, device=device)[None]  # [1, R - 1]
-        r_mask = j < runs[:, None]  # [B, R - 1]
-        pos = prompt_lens[:, None] + j  # [B, R - 1]
-        resp = input_ids.gather(1, pos.clamp(max=t - 1)) * r_mask
-        cache = out.past_key_values
-        cache.batch_select_indices(which)  # [U, ...] -> [B, ...]
-        mask = torch.cat([p_mask[which], r_mask.long()], 1)  # [B, P + R - 1]
-        h_resp = decoder(
-            input_ids=resp,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state  # [B, R - 1, H]
-        rows = torch.arange(b, device=device)[:, None].expand_as(pos)
-        flat_idx.append((rows * t + pos)[r_mask])
-        values.append(h_resp[r_mask])
-    return _scatter(h_prompt, b, t, flat_idx, values)
+    # The response's own positions predict its next tokens (the last predicts none).
+    j = torch.arange(int(runs.max()), device=device)[None]  # [1, R - 1]
+    r_mask = j < runs[:, None]  # [B, R - 1]
+    pos = prompt_lens[:, None] + j  # [B, R - 1]
+    resp = input_ids.gather(1, pos.clamp(max=t - 1)) * r_mask
+    cache = out.past_key_values
+    cache.batch_select_indices(which)  # [U, ...] -> [B, ...]
+    mask = torch.cat([p_mask[which], r_mask.long()], 1)  # [B, P + R - 1]
+    h_resp = decoder(
+        input_ids=resp,
+        attention_mask=mask,
+        position_ids=pos,
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state  # [B, R - 1, H]
+    rows = torch.arange(b, device=device)[:, None].expand_as(pos)
+    flat_idx.append((rows * t + pos)[r_mask])
+    values.append(h_resp[r_mask])
+    return flat_idx, values, h_resp
 
 
 def _scatter(like: Tensor, b: int, t: int, flat_idx: list, values: list) -> Tensor:
@@ -204,7 +216,9 @@ def _mask(seen: Tensor, decoder) -> Tensor:
     return mask.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
 
 
-def _packed(decoder, input_ids, prompt_lens, which, first, runs, t) -> Tensor:
+def _packed(decoder, input_ids, prompt_lens, which, first, runs, t):
+    """As :func:`_padded`, the prompts as one row and the responses as another under block
+    attention masks."""
     b, device = input_ids.shape[0], input_ids.device
     p_len = prompt_lens[first]  # [U]
     u = len(first)
@@ -223,23 +237,22 @@ def _packed(decoder, input_ids, prompt_lens, which, first, runs, t) -> Tensor:
     h_prompt = out.last_hidden_state[0]  # [Pt, H]
     flat_idx = [torch.arange(b, device=device) * t + prompt_lens - 1]
     values = [h_prompt[p_start[which] + prompt_lens - 1]]  # [B, H]
-    if int(runs.sum()) > 0:
-        # Responses as one row: row r's tokens at positions prompt_len + j, j < runs[r].
-        r_row = torch.repeat_interleave(torch.arange(b, device=device), runs)  # [Rt]
-        r_start = torch.cumsum(runs, 0) - runs
-        j = torch.arange(len(r_row), device=device) - r_start[r_row]
-        pos = prompt_lens[r_row] + j  # [Rt]
-        # Row r's query j sees its prompt's keys (all of them) and its own keys up to j.
-        sees_prompt = which[r_row][:, None] == p_seg[None, :]  # [Rt, Pt]
-        sees_row = (r_row[:, None] == r_row[None, :]) & (j[None, :] <= j[:, None])  # [Rt, Rt]
-        mask = _mask(torch.cat([sees_prompt, sees_row], 1), decoder)
-        h_resp = decoder(
-            input_ids=input_ids[r_row, pos][None],
-            attention_mask=mask,
-            position_ids=pos[None],
-            past_key_values=out.past_key_values,
-            use_cache=True,
-        ).last_hidden_state[0]  # [Rt, H]
-        flat_idx.append(r_row * t + pos)
-        values.append(h_resp)
-    return _scatter(h_prompt, b, t, flat_idx, values)
+    # Responses as one row: row r's tokens at positions prompt_len + j, j < runs[r].
+    r_row = torch.repeat_interleave(torch.arange(b, device=device), runs)  # [Rt]
+    r_start = torch.cumsum(runs, 0) - runs
+    j = torch.arange(len(r_row), device=device) - r_start[r_row]
+    pos = prompt_lens[r_row] + j  # [Rt]
+    # Row r's query j sees its prompt's keys (all of them) and its own keys up to j.
+    sees_prompt = which[r_row][:, None] == p_seg[None, :]  # [Rt, Pt]
+    sees_row = (r_row[:, None] == r_row[None, :]) & (j[None, :] <= j[:, None])  # [Rt, Rt]
+    mask = _mask(torch.cat([sees_prompt, sees_row], 1), decoder)
+    h_resp = decoder(
+        input_ids=input_ids[r_row, pos.clamp(max=t - 1)][None],
+        attention_mask=mask,
+        position_ids=pos[None],
+        past_key_values=out.past_key_values,
+        use_cache=True,
+    ).last_hidden_state[0]  # [Rt, H]
+    flat_idx.append(r_row * t + pos)
+    values.append(h_resp)
+    return flat_idx, values, h_resp

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from learner.batch import build_batch, pack_by_tokens, shard_by_tokens
+from learner.batch import build_batch, pack_by_tokens, plan_microbatches, shard_by_tokens
 from learner.config import LearnerConfig
 from learner.group import LearnerGroup
 from learner.logprobs import num_chunks
@@ -36,9 +36,8 @@ def _batch(seed: int = 3):
 
 
 def _update(model_dir, batch, **options) -> tuple[dict, dict]:
-    cfg = LearnerConfig(
-        num_ranks=2, lr=1e-3, adam_eps=1e-3, mini_batch_size=None, timeout_s=300, **options
-    )
+    defaults = dict(num_ranks=2, lr=1e-3, adam_eps=1e-3, mini_batch_size=None, timeout_s=300)
+    cfg = LearnerConfig(**(defaults | options))
     group = LearnerGroup(cfg, LossConfig(entropy_coef=0.01), model_dir, temperature=0.7)
     try:
         metrics = group.train_on(batch)
@@ -123,6 +122,37 @@ def test_shared_prefix_update_equals_the_plain_one(tiny_model_dir, plain, pack, 
     shared = float(prompts[::4].sum() + (lens - prompts - 1).sum())
     assert metrics["perf/learner_decoder_tokens"] == shared < float(lens.sum())
     for name in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+        assert metrics[name] == pytest.approx(base_metrics[name], rel=1e-5, abs=1e-6), name
+    for k, v in base.items():
+        assert torch.allclose(got[k], v, atol=1e-7, rtol=1e-6), (k, (got[k] - v).abs().max())
+
+
+@pytest.mark.slow
+def test_zero3_ranks_agree_when_one_runs_no_response_token(tiny_model_dir):
+    """A micro-batch whose responses are all one token long runs no response token after its
+    prompt pass, while the other rank's micro-batch at that index does: under ZeRO-3 (each
+    module's weights gathered at every call) both must still make the same calls, else the
+    gathers part ways (a hang, or another rank's weights). The update is the plain one."""
+    rng = random.Random(5)
+    groups = []
+    for length in (1, 9, 9, 1):  # rank 0 gets groups 0-1, rank 1 groups 2-3 (asserted below)
+        prompt = [1] + [rng.randint(4, 17) for _ in range(4)]
+        samples = [Sample([rng.randint(4, 13) for _ in range(length)], [-1.0] * length, "",
+                          "stop", 0) for _ in range(4)]  # fmt: skip
+        groups.append(Group("", prompt, samples))
+    advantages = torch.randn(16, generator=torch.Generator().manual_seed(5))
+    batch = build_batch(groups, advantages, pad_id=0)
+    shards = [batch.select(rows) for rows in shard_by_tokens(batch, 2)]
+    plans = plan_microbatches(shards, micro_batch_size=4, micro_batch_tokens=None,
+                              chunk_tokens=2048)  # fmt: skip
+    runs = [[int(((s.attention_mask[m.rows].sum(1) - s.prompt_lens[m.rows] - 1).clamp(min=0))
+             .sum()) for m in plan] for s, plan in zip(shards, plans, strict=True)]  # fmt: skip
+    # the case itself: at some index one rank runs no response token and the other does
+    assert any((a == 0) != (b == 0) for a, b in zip(*runs, strict=True)), runs
+    options = dict(zero_stage=3, micro_batch_size=4, timeout_s=180)
+    base_metrics, base = _update(tiny_model_dir, batch, logits="full", **options)
+    metrics, got = _update(tiny_model_dir, batch, shared_prefix=True, pack="auto", **options)
+    for name in ("actor/pg_loss", "actor/grad_norm"):
         assert metrics[name] == pytest.approx(base_metrics[name], rel=1e-5, abs=1e-6), name
     for k, v in base.items():
         assert torch.allclose(got[k], v, atol=1e-7, rtol=1e-6), (k, (got[k] - v).abs().max())

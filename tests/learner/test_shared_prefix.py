@@ -107,6 +107,32 @@ def test_a_misplaced_response_is_caught_in_either_layout(tiny_model_dir, pack):
     assert (short - plain).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("pack", ["off", "on"])
+def test_one_token_responses_still_make_the_response_call(tiny_model_dir, pack):
+    """ZeRO-3 gathers each module's weights at every call, forward and backward: a micro-batch
+    whose responses are all one token long (nothing to run after the prompt pass) must still
+    make the response call and take its backward, as a rank with longer responses does, else
+    the ranks' gathers part ways. Its values stay the plain forward's."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    layer = model.get_decoder().layers[0]
+    calls = {"forward": 0, "backward": 0}
+    layer.register_forward_pre_hook(lambda *_: calls.__setitem__("forward", calls["forward"] + 1))
+    layer.register_full_backward_pre_hook(
+        lambda *_: calls.__setitem__("backward", calls["backward"] + 1)
+    )
+    groups = [Group("", g.prompt_ids, [Sample([5], [-1.0], "", "stop", 0)] * 2) for g in _groups()]
+    batch = build_batch(groups, torch.zeros(6), pad_id=0)
+    plain = _logprobs_and_grads(model, batch)
+    assert calls == {"forward": 1, "backward": 1}  # the plain forward: one call each way
+    shared = _logprobs_and_grads(model, batch, prompt_lens=batch.prompt_lens, pack=pack)
+    assert calls == {"forward": 3, "backward": 3}  # prompt pass + response pass, both ways
+    assert torch.allclose(shared[0], plain[0], atol=1e-5)
+    for name, g in plain[2].items():
+        assert torch.allclose(shared[2][name], g, atol=1e-4 * g.abs().max().item()), name
+
+
 def test_groups_stay_whole_on_a_rank():
     batch = build_batch(_groups() + _groups(1), torch.zeros(24), pad_id=0)
     units = prompt_units(batch)
