@@ -144,24 +144,24 @@ def profile_update(cfg, path: str, batch, dtype: str, threads: int, ranks: int) 
     from learner.update import microbatch_loss
 
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    # the weights in the run's dtype, as DeepSpeed's bf16 mode holds them (its fp32 master copy
+    # and optimizer apart: AdamW here steps the bf16 weights)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     rows = list(range(0, len(batch), ranks))  # this rank's rows: one in ``ranks``
     size = cfg.learner.micro_batch_size or len(rows)
     micro = [batch.select(rows[i : i + size]) for i in range(0, len(rows), size)]
     tokens, seqs = float(batch.response_mask.sum()), float(len(batch))
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
     def update():
         for mb in micro:
-            with autocast:
-                out, _ = microbatch_loss(
-                    model, mb, cfg.algorithm.loss,
-                    temperature=cfg.rollout.sampling.temperature, total_tokens=tokens,
-                    total_seqs=seqs, logits=cfg.learner.logits,
-                    shared_prefix=cfg.learner.shared_prefix, pack=cfg.learner.pack,
-                )  # fmt: skip
+            out, _ = microbatch_loss(
+                model, mb, cfg.algorithm.loss,
+                temperature=cfg.rollout.sampling.temperature, total_tokens=tokens,
+                total_seqs=seqs, logits=cfg.learner.logits,
+                shared_prefix=cfg.learner.shared_prefix, pack=cfg.learner.pack,
+            )  # fmt: skip
             out.loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

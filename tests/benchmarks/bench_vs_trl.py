@@ -95,6 +95,7 @@ WORKLOADS = {
             "learner.lr=1e-4",
             "learner.mini_batch_size=null",  # one optimizer step per step (default: 2)
             "task.difficulty=3",
+            "model.dtype=float32",  # TRL's side runs fp32 (bf16=False): like for like
         ),
         steps=12,
         want={
@@ -116,6 +117,7 @@ WORKLOADS = {
             "rollout.sampling.max_new_tokens=64",
             "rollout.sampling.temperature=1.0",
             "learner.mini_batch_size=null",
+            "model.dtype=float32",  # TRL's side runs fp32 (bf16=False): like for like
         ),
         steps=5,
         want={
