@@ -59,7 +59,7 @@ def _reference_update(model_dir, batch, cfg: LearnerConfig):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [1, 2, 3])  # 1: experiment=smollm2_cpu's (one reduction a step)
 def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, stage):
     from transformers import AutoModelForCausalLM
 
