@@ -82,6 +82,7 @@ bench: setup
 	$(BIN)/python tests/benchmarks/bench_step.py
 	$(BIN)/python tests/benchmarks/bench_weight_sync.py
 	$(BIN)/python tests/benchmarks/bench_learner_flops.py --model tiny
+	$(BIN)/python tests/benchmarks/bench_bf16_drift.py
 	$(BIN)/python tests/benchmarks/bench_baselines.py --num-train 128
 
 clean:

@@ -1,0 +1,106 @@
+"""Benchmark: how far a bf16 learner's weights move against an fp32 one's (issue 46 item 2).
+
+    .venv/bin/python tests/benchmarks/bench_bf16_drift.py [--updates 5] [--lr 5e-6] [overrides]
+
+Why bf16 SmolLM2 learned nothing in E7 (docs/RESULTS.md): the learner of
+``experiment=smollm2_cpu`` (2 DeepSpeed ranks, its ZeRO stage, micro-batches of 16) takes
+``--updates`` updates on one fixed batch (4 prompts of 21 random tokens x 8 responses of 4-16,
+advantages N(0, 1), old log-probs recomputed, no importance cap) in float32, in bfloat16
+(DeepSpeed's bf16 mode: fp32 master weights and Adam state, bf16 weights for the forward and
+backward, which is also what the engines receive) and in bfloat16 without the shared prefix and
+packing (the plain layout). Each run's change of the exported weights, dw, is compared:
+
+- the share of weights that changed at all, mean |dw| and the norm of dw;
+- bf16's dw against fp32's: the cosine, the norm ratio and their product, the share of fp32's
+  step that bf16's weights moved along it.
+
+A bf16 weight starts on the bf16 grid and its fp32 master copy is rounded back to it after each
+step, so a weight moves only once its master has drifted half a bf16 spacing (2^-9 to 2^-8 of
+its magnitude) from it: Adam moves a weight up to ~lr a step, so at lr 5e-6 one step moves no
+weight above ~0.003 and 20 steps of one sign none above ~0.05. Last line: ``bf16 moved F of
+fp32's step (cos C, norm ratio R); P% of its weights changed, fp32 Q%``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def fixed_batch():
+    """The batch every run trains on (module docstring)."""
+    from learner.batch import build_batch
+    from rollout.types import Group, Sample
+
+    rng = random.Random(0)
+    groups = []
+    for _ in range(4):
+        prompt = [1] + [rng.randint(100, 20000) for _ in range(20)]
+        samples = []
+        for _ in range(8):
+            response = [rng.randint(100, 20000) for _ in range(rng.randint(4, 16))]
+            samples.append(Sample(response, [-5.0] * len(response), "", "stop", 0))
+        groups.append(Group("", prompt, samples))
+    advantages = torch.randn(32, generator=torch.Generator().manual_seed(0))
+    return build_batch(groups, advantages, pad_id=0)
+
+
+def drift(cfg, path: str, dtype: str, updates: int, batch, **learner) -> torch.Tensor:
+    """The flattened change of the exported weights after ``updates`` updates (fp32)."""
+    from dataclasses import replace
+
+    from learner.group import LearnerGroup
+
+    lcfg = replace(cfg.learner, old_logprobs="recompute", tis_cap=None, **learner)
+    group = LearnerGroup(lcfg, cfg.algorithm.loss, path, dtype=dtype)
+    try:
+        before = {k: v.float().clone() for k, v in group.export_weights().items()}
+        for _ in range(updates):
+            group.train_on(batch)
+        after = group.export_weights()
+    finally:
+        group.shutdown()
+    return torch.cat([(after[k].float() - v).flatten() for k, v in before.items()])
+
+
+def main() -> None:
+    import ray
+
+    from launch.models.bootstrap import ensure_model
+    from tests.helpers import load
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--updates", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=5e-6, help="the preset's")
+    parser.add_argument("overrides", nargs="*", help="config overrides")
+    args = parser.parse_args()
+    cfg = load("experiment=smollm2_cpu", f"learner.lr={args.lr}", *args.overrides)
+    path = ensure_model(cfg.model, log=lambda *_: None)
+    batch = fixed_batch()
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    runs = {
+        "float32": drift(cfg, path, "float32", args.updates, batch),
+        "bfloat16": drift(cfg, path, "bfloat16", args.updates, batch),
+        "bfloat16 plain": drift(cfg, path, "bfloat16", args.updates, batch,
+                                shared_prefix=False, pack="off"),
+    }  # fmt: skip
+    ref = runs["float32"]
+    for name, d in runs.items():
+        print(f"{name:15s} changed {float((d != 0).float().mean()):.2%} of weights, "
+              f"mean |dw| {float(d.abs().mean()):.3e}, |dw| {float(d.norm()):.4f}")  # fmt: skip
+    for name in ("bfloat16 plain", "bfloat16"):
+        d = runs[name]
+        cos, ratio = float(d @ ref / (d.norm() * ref.norm())), float(d.norm() / ref.norm())
+        print(f"{'bf16' if name == 'bfloat16' else name} moved {cos * ratio:.3f} of fp32's step "
+              f"(cos {cos:.3f}, norm ratio {ratio:.3f}); {float((d != 0).float().mean()):.1%} "
+              f"of its weights changed, fp32 {float((ref != 0).float().mean()):.1%}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
