@@ -4,8 +4,9 @@
 
 Why bf16 SmolLM2 learned nothing in E7 (docs/RESULTS.md): the learner of
 ``experiment=smollm2_cpu`` (2 DeepSpeed ranks, its ZeRO stage, micro-batches of 16) takes
-``--updates`` updates on one fixed batch (4 prompts of 21 random tokens x 8 responses of 4-16,
-advantages N(0, 1), old log-probs recomputed, no importance cap) in float32, in bfloat16
+``--updates`` updates on one step's batch (bench_learner_flops.py ``step_batch``: the task's
+prompts as the engines see them, random responses, advantages N(0, 1); old log-probs
+recomputed, no importance cap) in float32, in bfloat16
 (DeepSpeed's bf16 mode: fp32 master weights and Adam state, bf16 weights for the forward and
 backward, which is also what the engines receive) and in bfloat16 without the shared prefix and
 packing (the plain layout). Each run's change of the exported weights, dw, is compared:
@@ -24,31 +25,12 @@ fp32's step (cos C, norm ratio R); P% of its weights changed, fp32 Q%``.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-
-def fixed_batch():
-    """The batch every run trains on (module docstring)."""
-    from learner.batch import build_batch
-    from rollout.types import Group, Sample
-
-    rng = random.Random(0)
-    groups = []
-    for _ in range(4):
-        prompt = [1] + [rng.randint(100, 20000) for _ in range(20)]
-        samples = []
-        for _ in range(8):
-            response = [rng.randint(100, 20000) for _ in range(rng.randint(4, 16))]
-            samples.append(Sample(response, [-5.0] * len(response), "", "stop", 0))
-        groups.append(Group("", prompt, samples))
-    advantages = torch.randn(32, generator=torch.Generator().manual_seed(0))
-    return build_batch(groups, advantages, pad_id=0)
 
 
 def drift(cfg, path: str, dtype: str, updates: int, batch, **learner) -> torch.Tensor:
@@ -73,6 +55,7 @@ def main() -> None:
     import ray
 
     from launch.models.bootstrap import ensure_model
+    from tests.benchmarks.bench_learner_flops import step_batch
     from tests.helpers import load
 
     parser = argparse.ArgumentParser()
@@ -82,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = load("experiment=smollm2_cpu", f"learner.lr={args.lr}", *args.overrides)
     path = ensure_model(cfg.model, log=lambda *_: None)
-    batch = fixed_batch()
+    batch = step_batch(cfg, path)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     runs = {
         "float32": drift(cfg, path, "float32", args.updates, batch),
