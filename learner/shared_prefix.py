@@ -153,8 +153,7 @@ def shared_prefix_hidden(
     # first row's first one anyway, its output joining the graph times zero.
     dummy = int(runs.sum()) == 0
     if dummy:
-        runs = torch.zeros_like(runs)
-        runs[0] = 1
+        runs[0] = 1  # runs is all zeros here (and its own tensor: clamp made it)
     p_list, r_list = prompt_lens[first].tolist(), runs.tolist()
     layout = _packed if use_packed(decoder, pack, p_list, r_list) else _padded
     flat_idx, values, h_resp = layout(decoder, input_ids, prompt_lens, which, first, runs, t)
