@@ -1,6 +1,6 @@
 """Files and folders named after the process that made them (``<prefix><pid>-...``), found once
 that process is gone: what an actor killed with SIGKILL leaves behind (the verifier pool's
-scratch folders, the vLLM engine's weight files). Imports no Ray."""
+scratch folders, the private folders of the weight files: comm/weight_file.py). Imports no Ray."""
 
 from __future__ import annotations
 

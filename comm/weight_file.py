@@ -8,6 +8,13 @@ The layout is safetensors' own (an 8-byte little-endian header length, a JSON he
 back), so ``safetensors.torch.load_file`` reads what :func:`write_weights` wrote and
 :func:`read_weights` reads safetensors' files. Imports no Ray.
 
+/dev/shm is writable by every user, so a name there that another user can guess is a name that
+user can plant first (a file of the right size that then became the engine's weights, a
+symlink that made root write through it). Each writing process therefore makes one private
+folder (mode 0700, random name: :func:`weights_dir`) and its files in it; new files are made
+with ``O_CREAT | O_EXCL | O_NOFOLLOW``, a rewrite in place opens only a regular file of this
+user with one link, and the reader follows no symlink either.
+
 >>> import tempfile, os
 >>> t = {"w": torch.tensor([[1.5, -2.0]], dtype=torch.bfloat16), "b": torch.arange(3.0)}
 >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
@@ -19,11 +26,15 @@ back), so ``safetensors.torch.load_file`` reads what :func:`write_weights` wrote
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import errno
 import json
 import math
+import mmap
 import os
 import shutil
+import stat
 import struct
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -39,7 +50,9 @@ DTYPES = {
 }  # fmt: skip
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 SHM = "/dev/shm"
-PREFIX = "avspo-weights-"  # then <pid>-<version>.safetensors (comm/orphans.py)
+PREFIX = "avspo-weights-"  # a writer's private folder: <PREFIX><pid>-<random> (comm/orphans.py)
+_OPEN = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_folders: dict[tuple[int, str], str] = {}  # (pid, /dev/shm or the temp folder): its own folder
 
 
 def write_weights(path: str, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -59,7 +72,9 @@ def write_stream(
     of ``tensors`` as it arrives (ZeRO-3 gathers one bucket at a time: none is held after its
     write); they must come in ``specs``' order. A file already at ``path`` with the same layout
     is overwritten in place, not truncated: on /dev/shm its pages stay allocated, so a rewrite
-    runs at memory speed (no page faults). Returns the bytes of tensor data.
+    runs at memory speed (no page faults). That is only done to a regular file of this user with
+    one link; a symlink at ``path``, or another user's file, is an error (``O_NOFOLLOW``), and a
+    new file is made with ``O_EXCL``. Returns the bytes of tensor data.
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
@@ -83,8 +98,7 @@ def write_stream(
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     total = 8 + len(text) + offset
-    same = os.path.exists(path) and os.path.getsize(path) == total
-    with open(path, "r+b" if same else "wb") as f:
+    with _open_for_writing(path, total) as f:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for (name, dtype, shape), (got, t) in zip(specs, tensors, strict=True):
@@ -100,12 +114,19 @@ def write_stream(
 def read_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` of a safetensors file, in file order: views of the mapped file (read
     only as they are used; a tensor whose offset does not suit its dtype is copied)."""
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
+    fd = os.open(path, os.O_RDONLY | _OPEN)  # a symlink: ELOOP
+    try:
+        size = _regular(fd, path).st_size
+        with os.fdopen(os.dup(fd), "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        # the opened file itself, mapped copy-on-write (what torch.from_file(shared=False) did
+        # by path): the tensors keep the mapping alive
+        mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
     header.pop("__metadata__", None)
-    size = os.path.getsize(path)
-    data = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)[8 + length :]
+    data = torch.frombuffer(mapped, dtype=torch.uint8)[8 + length :]
     entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
     for name, entry in entries:
         dtype = TORCH_DTYPES[entry["dtype"]]
@@ -116,22 +137,105 @@ def read_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, raw.view(dtype).reshape(entry["shape"])
 
 
-def weights_dir(nbytes: int) -> str:
-    """Where a weights file of ``nbytes`` goes: /dev/shm when it has room for it (memory speed),
-    else the temp folder (e.g. Docker's default 64 MiB /dev/shm: docker/ raises it)."""
+def _regular(fd: int, path: str) -> os.stat_result:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return st
+
+
+@contextlib.contextmanager
+def _open_for_writing(path: str, total: int):
+    """``path`` opened for writing ``total`` bytes from its start: a new file (``O_EXCL``: never
+    one that someone else made, ``O_NOFOLLOW``: never through a symlink), or this user's own
+    regular file with one link, kept when it has ``total`` bytes (rewritten in place) and
+    truncated otherwise."""
+    flags = os.O_WRONLY | _OPEN
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        fd = os.open(path, flags)  # a symlink planted at the path: ELOOP
+        try:
+            st = _regular(fd, path)
+            if st.st_uid != os.geteuid() or st.st_nlink != 1:
+                why = f"not this user's own file (owner {st.st_uid}, {st.st_nlink} links)"
+                raise OSError(errno.EPERM, why, path)
+            if st.st_size != total:
+                os.ftruncate(fd, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+    with os.fdopen(fd, "wb") as f:  # an open descriptor: fdopen truncates nothing
+        yield f
+
+
+def weights_base(nbytes: int) -> str:
+    """Where the folder of a weights file of ``nbytes`` goes: /dev/shm when it has room for it
+    (memory speed), else the temp folder (e.g. Docker's default 64 MiB /dev/shm: docker/ raises
+    it)."""
     writable = os.path.isdir(SHM) and os.access(SHM, os.W_OK)
     if writable and shutil.disk_usage(SHM).free > nbytes + (64 << 20):
         return SHM
     return tempfile.gettempdir()
 
 
+def weights_dir(nbytes: int) -> str:
+    """This process's private folder for a weights file of ``nbytes`` (in :func:`weights_base`):
+    made once (mode 0700, ``avspo-weights-<pid>-<random>``, so that :func:`remove_stale` can
+    tell when its writer is gone), again if it went, and removed when the process exits (or by
+    :func:`remove_weights` once its last file went)."""
+    base, pid = weights_base(nbytes), os.getpid()
+    folder = _folders.get((pid, base))
+    if folder is None or not _own_private(folder):
+        folder = tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-", dir=base)  # mode 0700
+        _folders[(pid, base)] = folder
+    return folder
+
+
+def _own_private(folder: str) -> bool:
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    mode = stat.S_IMODE(st.st_mode)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not mode & 0o077
+
+
+@atexit.register
+def _remove_own() -> None:
+    for (pid, _), folder in _folders.items():
+        if pid == os.getpid() and _own_private(folder):  # a forked child's: not its parent's
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_weights(path: str) -> None:
+    """Remove the weights file at ``path``, and its folder when that is this process's own
+    :func:`weights_dir` and now empty (the next file gets a new one)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    folder = os.path.dirname(path)
+    for key, own in list(_folders.items()):
+        if own == folder and key[0] == os.getpid():
+            with contextlib.suppress(OSError):  # not empty: kept
+                os.rmdir(folder)
+                del _folders[key]
+
+
 def remove_stale(folder: str | None = None) -> list[str]:
-    """Remove the weight files (``avspo-weights-<pid>-<version>.safetensors``) whose writing
-    process is gone (an engine killed between writing and removing one); returns their paths."""
+    """Remove the weights folders (``avspo-weights-<pid>-<random>``, with their files; from
+    older versions also files ``avspo-weights-<pid>-<version>.safetensors``) whose writing
+    process is gone (killed between writing and removing its file), when they are this user's;
+    a symlink of such a name is removed, never followed. Returns their paths."""
     removed = []
     for where in [folder] if folder else [SHM, tempfile.gettempdir()]:
         for path in orphans(where, PREFIX):
             with contextlib.suppress(OSError):
-                path.unlink()
+                st = path.lstat()
+                if st.st_uid != os.geteuid():
+                    continue  # another user's: not this user's to judge
+                if stat.S_ISDIR(st.st_mode):  # lstat: a symlink is no folder
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
                 removed.append(str(path))
     return removed

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.config import TrainConfig
+from launch.ray_dirs import run_ray_temp_dir
 
 
 def resolve_address(cfg: TrainConfig) -> str | None:
@@ -136,12 +137,14 @@ def init_ray(cfg: TrainConfig) -> None:
     # address="local": a Ray of its own even where `ray start` left a cluster on this machine
     # (with no address, ray.init joins the one /tmp/ray/ray_current_cluster names, and then
     # refuses num_cpus: a test's `ray start --head` broke every run beside it)
+    temp_dir = run_ray_temp_dir()
     ray.init(
         address="local",
         num_cpus=num_cpus,
         include_dashboard=False,
         log_to_driver=logs,
         runtime_env=env,
+        _temp_dir=temp_dir,  # not a shared /tmp/ray: launch/ray_dirs.py
     )
     if cfg.cluster.listen == "loopback":  # rests on a private Ray switch (LOOPBACK_ENV): checked
         problem = beyond_loopback(ray_addresses())

@@ -104,10 +104,11 @@ def main(raw: DictConfig) -> None:
             trainer.shutdown()
             stages.shutdown()
             # Each job of a --multirun starts its own Ray (its listen mode, its resources) and
-            # leaves nothing behind; a joined cluster is only disconnected from.
-            import ray
+            # leaves nothing behind (its private temp dir: launch/ray_dirs.py); a joined
+            # cluster is only disconnected from.
+            from launch.ray_dirs import shutdown_ray
 
-            ray.shutdown()
+            shutdown_ray()
     start = final["eval/accuracy_start"]
     print(
         f"held-out accuracy: {start:.3f} at step 0 -> "

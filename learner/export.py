@@ -105,7 +105,7 @@ class WeightExport:
         other ranks. The file is kept and rewritten in place at every sync (its pages stay
         allocated: memory speed, for one more copy of the weights in RAM) until
         :meth:`remove_file`, or until a new engine finds its writer gone."""
-        from comm.weight_file import PREFIX, weights_dir, write_stream
+        from comm.weight_file import weights_dir, write_stream
         from comm.weight_protocol import TensorSpec, plan_buckets
 
         specs = [TensorSpec(*s) for s in self.specs()]
@@ -120,15 +120,15 @@ class WeightExport:
             return None
         typed = [(s.name, getattr(torch, s.dtype), tuple(s.shape)) for s in specs]
         nbytes = sum(torch.Size(shape).numel() * dtype.itemsize for _, dtype, shape in typed)
-        if self.file is None:
-            name = f"{PREFIX}{os.getpid()}-sync.safetensors"
-            self.file = os.path.join(weights_dir(nbytes), name)
+        if self.file is None:  # in this process's private folder (comm/weight_file.py)
+            self.file = os.path.join(weights_dir(nbytes), "sync.safetensors")
         return self.file, write_stream(self.file, typed, stream)
 
     def remove_file(self) -> None:
+        from comm.weight_file import remove_weights
+
         if self.file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.file)
+            remove_weights(self.file)  # and its folder
             self.file = None
 
     def open_group(self, group, listener: Callable[[int], object]) -> None:

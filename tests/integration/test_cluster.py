@@ -272,3 +272,81 @@ def test_a_local_run_starts_its_own_ray_beside_another_clusters_address_file():
         assert "gcs: " in out.stdout and "127.0.0.1:1\n" not in out.stdout
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_local_ray_keeps_its_files_in_a_private_folder_removed_at_exit():
+    """Ray makes every folder under its temp dir mode 0777 without the sticky bit (its
+    try_to_create_directory): under a shared /tmp/ray any user could replace a session's logs,
+    sockets or spilled objects. A local run starts Ray with a temp dir inside a new folder of
+    mode 0700 of its own (launch/cluster.py init_ray), removed when the run exits. The temp
+    folder Ray would use ($TMPDIR) is one of the test's, so that what is left there is seen."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths have a limit
+    try:
+        code = (
+            "import os, stat, ray\n"
+            "from launch.cluster import init_ray\n"
+            "from tests.helpers import load\n"
+            "init_ray(load('learner.num_ranks=1'))\n"
+            "node = ray._private.worker._global_node\n"
+            "temp = node.get_temp_dir_path()\n"
+            "parent = os.path.dirname(temp)\n"
+            "print('temp:', temp)\n"
+            "print('parent mode:', oct(stat.S_IMODE(os.lstat(parent).st_mode)))\n"
+            "print('owner:', os.lstat(parent).st_uid == os.getuid())\n"
+            "sockets = node.get_sockets_dir_path()\n"
+            "print('longest socket:', max(len(os.path.join(sockets, s).encode())"
+            " for s in os.listdir(sockets)))\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env={**os.environ, "TMPDIR": temp, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        got = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+        parent = os.path.dirname(got["temp"])
+        assert os.path.dirname(parent) == temp, got  # in the temp folder Ray would have used
+        assert os.path.basename(parent).startswith("avspo-ray-"), got  # a folder of the run's
+        assert got["parent mode"] == "0o700" and got["owner"] == "True", got
+        assert int(got["longest socket"]) <= 107, got  # AF_UNIX: 108 bytes with the final NUL
+        assert os.listdir(temp) == []  # removed at exit, Ray's files and all
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_rays_private_temp_dir_stays_short_enough_for_its_socket_paths():
+    """Ray refuses a Unix socket path over 107 bytes (ray._private.utils
+    validate_socket_filepath); the run's temp dir sits in Ray's own temp folder unless that
+    is too long for its session's sockets, then in /tmp."""
+    import shutil
+    import tempfile
+
+    from launch.ray_dirs import SOCKET_PATH_MAX, SOCKET_TAIL, private_ray_temp_dir
+
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short (pytest's tmp_path is too long)
+    fallback = None
+    try:
+        short = private_ray_temp_dir(os.path.join(temp, "s"))  # made if missing, as Ray would
+        assert os.path.dirname(os.path.dirname(short)) == os.path.join(temp, "s")
+        longer = os.path.join(temp, "x" * (SOCKET_PATH_MAX - SOCKET_TAIL))
+        fallback = private_ray_temp_dir(longer)
+        assert os.path.dirname(os.path.dirname(fallback)) == "/tmp"
+        assert not os.path.exists(longer)
+        for path in (short, fallback):
+            assert len(path.encode()) + SOCKET_TAIL <= SOCKET_PATH_MAX
+            parent = os.lstat(os.path.dirname(path))
+            assert parent.st_mode & 0o777 == 0o700 and parent.st_uid == os.getuid()
+            assert not os.path.exists(path)  # Ray makes it (mode 0777) inside
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+        if fallback is not None:
+            os.rmdir(os.path.dirname(fallback))

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from comm.actors import ActorGroupError
-from comm.weight_file import weights_dir
+from comm.weight_file import weights_base
 from rollout.config import RolloutConfig
 from rollout.group import RolloutGroup
 from rollout.types import SamplingConfig
@@ -129,10 +129,14 @@ def test_weight_sync_object_store_matches_pushed_weights(group, reference_model,
     if engine == "vllm":  # through a file in /dev/shm (comm/weight_file.py), removed once loaded
         loads = ray.get([w.last_weight_load.remote() for w in g.workers])
         nbytes = sum(t.numel() * t.element_size() for t in new.state_dict().values())
-        # /dev/shm where it has room (this node's choice, comm/weight_file.py), else the temp folder
-        assert [(x["folder"], x["bytes"]) for x in loads] == [(weights_dir(nbytes), nbytes)] * 2
-        pids = ray.get([w.pid.remote() for w in g.workers])  # other runs' files may be there
-        assert not [f for pid in pids for f in Path(weights_dir(nbytes)).glob(f"*-{pid}-*")]
+        assert [x["bytes"] for x in loads] == [nbytes] * 2
+        pids = ray.get([w.pid.remote() for w in g.workers])
+        for load, pid in zip(loads, pids, strict=True):
+            # the engine's private folder, in /dev/shm where it has room (this node's choice,
+            # comm/weight_file.py) else in the temp folder; gone with the file once loaded
+            assert os.path.dirname(load["folder"]) == weights_base(nbytes)
+            assert os.path.basename(load["folder"]).startswith(f"avspo-weights-{pid}-")
+            assert not os.path.exists(load["folder"])
     prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]  # "<s>61-27=" -> "34</s>"
     expected = _forward_logprobs(new, prompt_ids, response_ids)
     old = _forward_logprobs(reference_model, prompt_ids, response_ids)

@@ -61,6 +61,8 @@ def test_engines_load_the_learners_file_rewritten_in_place(ray_cluster, tiny_mod
         learner.shutdown()
     assert files[0] == files[1]  # one file, rewritten in place
     assert not os.path.exists(files[0][0])  # removed with the learner
+    folder = os.path.dirname(files[0][0])  # its private folder (comm/weight_file.py) too
+    assert os.path.basename(folder).startswith("avspo-weights-") and not os.path.exists(folder)
     n_params = sum(p.numel() for p in model.parameters())  # the tied lm_head once
     assert files[0][2] > 4 * n_params  # every fp32 weight once, plus the header
     old = _forward_logprobs(model, prompt_ids, response_ids)
