@@ -11,7 +11,8 @@
 #   5. trains 2 steps through the stack (the driver runs `python -m launch.train` on the
 #      embedded tiny model, which is built into the cache volume first: 1.5-8 minutes on 2 cores);
 #   6. checks the run's metrics.jsonl (rows for steps 1 and 2 with the step metrics, the
-#      evaluation at step 2) and copies the run directory to outputs/docker-smoke-<stamp>/;
+#      evaluation at step 2) and copies the run directory to outputs/docker-smoke-<stamp>/, with
+#      the verifier sandbox's report in the image (verifier-sandbox.txt: python -m reward.pool);
 #   7. tears the stack down: containers, network and volumes (`down -v`), so that every smoke
 #      run starts clean; SMOKE_KEEP_VOLUMES=1 keeps the cache volume (the built model and
 #      DeepSpeed's compiled op) for faster reruns. The images and dockerd stay.
@@ -281,6 +282,12 @@ urllib.request.urlopen(request, timeout=5)  # raises on a refusal
 print(f"without the token: HTTP {refused}; with it: HTTP 200")
 PY
 
+# The verifier sandbox inside the image (not root; Docker's default seccomp profile refuses
+# user namespaces): each protection in force or OFF with its reason, recorded beside the run.
+step "verifier sandbox in the image: python -m reward.pool"
+compose run --rm -T --no-deps driver python -m reward.pool | tee "$WORK/sandbox.txt" || true
+grep -q '^verifies  *ok' "$WORK/sandbox.txt" || fail "a verifier worker did not start in the image"
+
 # --- 5. training ---------------------------------------------------------------------------------
 
 # A run killed while DeepSpeed JIT-compiled an op (none on the default paths: the learner skips
@@ -312,6 +319,7 @@ HOST_RUN_DIR=$ROOT/outputs/docker-smoke-$STAMP
 mkdir -p "$ROOT/outputs"
 docker cp "$DRIVER:$RUN_DIR" "$HOST_RUN_DIR" || fail "copying $RUN_DIR out of $DRIVER"
 echo "run directory copied to $HOST_RUN_DIR"
+cp "$WORK/sandbox.txt" "$HOST_RUN_DIR/verifier-sandbox.txt"  # the pool's report in the image
 python3 - "$HOST_RUN_DIR/metrics.jsonl" <<'EOF' || fail "metrics.jsonl check"
 import json
 import math

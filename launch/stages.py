@@ -34,12 +34,15 @@ from rollout.weight_sync import WeightSync
 @dataclass
 class PendingVerdicts:
     """A verification call in flight (:meth:`Verifier.submit`): its groups, the call's
-    arguments (to repeat it on a restarted actor), the task's lowest reward and its ref."""
+    arguments (to repeat it on a restarted actor), the task's lowest reward, its ref and the
+    actor it was sent to (:meth:`Verifier.result` restarts only a dead actor still current)."""
 
     groups: list[Group]
     args: tuple
     lowest: float
     call: object
+    actor: object
+    highest: float = 1.0  # the task's highest reward: the pool refuses a score above it
 
 
 class Verifier:
@@ -69,20 +72,25 @@ class Verifier:
         responses = [s.text for g in groups for s in g.samples]
         refs = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g.samples]
         args = (responses, refs, task.verifier)
-        lowest = task.reward_range[0]
-        return PendingVerdicts(groups, args, lowest, self.actor.verify.remote(*args, lowest=lowest))
+        lowest, highest = task.reward_range
+        call = self.actor.verify.remote(*args, lowest=lowest, highest=highest)
+        return PendingVerdicts(groups, args, lowest, call, self.actor, highest)
 
     def result(self, pending: PendingVerdicts, truncated: str) -> list:
-        """The verdicts of a :meth:`submit`; a verifier actor that died is restarted and the
-        call's groups verified again."""
-        call = pending.call
+        """The verdicts of a :meth:`submit`; when its actor died the call's groups are verified
+        again on the current actor, restarting it first if the dead one is still current (the
+        other calls that were in flight on it go to the replacement: one death, one restart)."""
+        call, actor = pending.call, pending.actor
         while True:
             timeout_s = self.cfg.verifier.call_timeout_s
             answer = settle({0: call}, timeout_s=timeout_s, what="verification")[0]
             if not isinstance(answer, ActorDied):
                 break
-            self.restart(str(answer))
-            call = self.actor.verify.remote(*pending.args, lowest=pending.lowest)
+            if actor is self.actor:
+                self.restart(str(answer))
+            actor = self.actor
+            bounds = {"lowest": pending.lowest, "highest": pending.highest}
+            call = actor.verify.remote(*pending.args, **bounds)
         verdicts, replaced, errors = answer
         self.replaced += replaced - self._replaced_seen  # the pool's count is cumulative
         self._replaced_seen = replaced

@@ -16,6 +16,7 @@ def verify(
     verifier: str = "math",
     timeout_s: float = 2.0,
     lowest: float = 0.0,
+    highest: float = 1.0,
 ) -> list[Verdict]:
     """Score each response against its reference in killable worker processes (docs/ARCHITECTURE.md
     section 9).
@@ -26,8 +27,9 @@ def verify(
     ``make_task(cfg).verifier`` (``task.verifier`` with ``task.answer_extraction`` applied).
 
     Every item gets a wall-clock timeout. A timeout, a crashed worker, an exception inside the
-    verifier or a non-finite score gives ``Verdict(lowest, "timeout" | "error")``: ``lowest`` is
-    the task's lowest reward (``task.reward_range[0]``; default 0.0). A wrong or unparseable
+    verifier or an answer from a worker that is not a score in ``[lowest, highest]`` gives
+    ``Verdict(lowest, "timeout" | "error")``: ``lowest, highest`` is the task's reward range
+    (``task.reward_range``; default 0.0, 1.0). A wrong or unparseable
     answer gets the verifier's own score with reason "wrong" or "no_answer"; an answer that a
     reasoning_gym scorer would evaluate and that holds what the task's answers never hold gets 0,
     reason "refused" (reward/gym_audit.py). It never raises for
@@ -37,7 +39,12 @@ def verify(
     from reward.pool import default_pool
 
     return default_pool().verify(
-        responses, references, verifier=verifier, timeout_s=timeout_s, lowest=lowest
+        responses,
+        references,
+        verifier=verifier,
+        timeout_s=timeout_s,
+        lowest=lowest,
+        highest=highest,
     )
 
 

@@ -19,11 +19,18 @@ class VerifierActor:
         timeout_s: float | None = None,
         *,
         lowest: float = 0.0,
+        highest: float = 1.0,
     ) -> tuple[list[Verdict], int, list[str]]:
         """Verdicts in order (a timeout, crash or error scores ``lowest``, the task's lowest
-        reward), with the pool's health in the same answer: the worker processes it replaced
-        so far and this call's error texts (reward/health.py)."""
+        reward; a score outside ``[lowest, highest]`` is an error), with the pool's health in
+        the same answer: the worker processes it replaced so far and this call's error texts
+        (reward/health.py)."""
         verdicts = self.pool.verify(
-            responses, references, verifier=verifier, timeout_s=timeout_s, lowest=lowest
+            responses,
+            references,
+            verifier=verifier,
+            timeout_s=timeout_s,
+            lowest=lowest,
+            highest=highest,
         )
         return verdicts, self.pool.replaced, list(self.pool.last_errors)

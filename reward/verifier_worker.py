@@ -1,25 +1,26 @@
-"""Entry point of one verifier worker process:
-``python -m reward.verifier_worker R W MEM CPU [SCRATCH UID GID]``.
+"""Entry point of one verifier worker process, started by the pool (reward/pool.py) as
+``python -I -c BOOT PATHS R W MEM CPU ITEM_CPU POOL_DIR NAME UID GID HOOK``: isolated mode,
+its import path (``PATHS``, JSON) given explicitly, working directory the pool's folder.
 
-With SCRATCH (the pool always gives one) it first enters its sandbox (reward/sandbox.py: own
-network namespace, user ``nobody`` if started as root (UID GID, ``-`` for none), the scratch
-folder as HOME and working directory, then an audit hook after its imports), and says what is in
-force in its first message, ``{"ready": {protection: state}}``. Then it reads JSON messages from
-file descriptor R and answers on W, until it reads ``null`` or R closes:
+It first enters its sandbox (reward/sandbox.py: its own network namespace, its imports, a
+scratch folder ``POOL_DIR/NAME`` made now, hard rlimits (address space MEM bytes, CPU seconds
+for its whole life; ITEM_CPU more seconds for each item, the soft limit), Landlock, user
+``nobody`` if started as root (UID GID, ``-`` for none), seccomp, then an audit hook unless
+HOOK is 0), and says what is in force in its first message, ``{"ready": {protection:
+state}}``, or why it could not start, ``{"failed": text}`` (one line).
+Then it reads JSON messages from file descriptor R and answers on W, until it reads ``null`` or
+R closes:
 
 - ``{"warm": name}`` -> ``{"warmed": name, "error": text}``: the verifier's one-time warm-up
   (slow imports, reward/verifiers.py WARMUPS), before the pool sends it items of that verifier;
 - ``[idx, verifier, response, reference]`` -> ``[idx, score, reason, error_text]``.
 
-Its address space is capped at MEM bytes (RLIMIT_AS); each item may use CPU seconds of CPU time
-(RLIMIT_CPU, raised to "used so far + CPU" before each item: the kernel stops a verifier that
-spins, SIGXCPU, even if the parent's clock failed). JSON, not pickle, both ways: the parent
-never unpickles anything that touched model text.
+JSON, not pickle, both ways: the parent never unpickles anything that touched model text, and
+it checks every answer's form and range (reward/pool.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -33,15 +34,11 @@ from multiprocessing.connection import Connection
 from reward import sandbox
 from reward.sandbox import remove_scratch
 
-
-def _limit_cpu(seconds: int) -> None:
-    """Let the next item use ``seconds`` of CPU time beyond what this process used so far."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    soft = math.ceil(usage.ru_utime + usage.ru_stime) + seconds
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+BOOT = (
+    "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+    "from reward.verifier_worker import cli; cli(sys.argv[2:])"
+)
+"""What ``python -I -c`` runs: the import path first, then :func:`cli`."""
 
 
 def _exit_with_parent(scratch: str | None, interval_s: float = 0.5) -> None:
@@ -60,33 +57,54 @@ def _exit_with_parent(scratch: str | None, interval_s: float = 0.5) -> None:
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
+def _limit_cpu(seconds: int) -> None:
+    """Let the next item use ``seconds`` of CPU time beyond what this process used so far (the
+    soft limit, below the hard one it cannot raise)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime) + seconds
+    resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard), hard))
+
+
+def _start(outbox: Connection, args: list, hook: bool) -> str:
+    """Sandbox and imports; returns the scratch folder after sending ``ready`` (or sends
+    ``failed`` with the reason in one line and exits 1)."""
+    network = sandbox.isolate_network()  # first, while single-threaded
+    try:
+        logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled"
+        from reward.verifiers import load_verifier_modules
+
+        load_verifier_modules()
+        protections, scratch, readable = sandbox.enter(*args)
+        protections["network"] = network
+        _exit_with_parent(scratch)
+        protections["audit_hook"] = (
+            sandbox.install_hook(scratch, readable) if hook else "OFF: verifier.audit_hook=false"
+        )
+    except BaseException as exc:  # noqa: BLE001  (anything: said in one line, then exit)
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        outbox.send_bytes(json.dumps({"failed": why}).encode())
+        sys.exit(1)
+    outbox.send_bytes(json.dumps({"ready": protections}).encode())
+    return scratch
+
+
 def main(
     read_fd: int,
     write_fd: int,
     memory_bytes: int,
-    cpu_seconds: int = 0,
-    scratch: str | None = None,
+    cpu_seconds: int,
+    item_cpu_seconds: int,
+    pool_dir: str,
+    name: str,
     uid: int | None = None,
     gid: int | None = None,
+    hook: bool = True,
 ) -> None:
-    # first, while single-threaded (a user namespace needs it) and before any import it guards
-    protections = sandbox.enter(scratch, uid, gid) if scratch else {"sandbox": "OFF: no folder"}
-    _exit_with_parent(scratch)
-    with contextlib.suppress(ValueError, OSError):  # a lower hard limit already set: keep it
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    space, size = (resource.getrlimit(r)[0] for r in (resource.RLIMIT_AS, resource.RLIMIT_FSIZE))
-    protections["rlimits"] = (
-        f"in force: address space {space // 2**20} MiB, {cpu_seconds or 'unlimited'} CPU s per "
-        f"item, written files {size // 2**20} MiB, no core dumps"
-    )
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled" warnings
-    from reward.verifiers import VERIFIERS, load_verifier_modules, warm
-
-    load_verifier_modules()
-    if scratch:
-        protections["audit_hook"] = sandbox.install_hook(scratch)
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
-    outbox.send_bytes(json.dumps({"ready": protections}).encode())
+    scratch = _start(outbox, [pool_dir, name, uid, gid, memory_bytes, cpu_seconds], hook)
+    from reward.verifiers import VERIFIERS, warm
+
     while True:
         try:
             msg = json.loads(inbox.recv_bytes())
@@ -103,8 +121,7 @@ def main(
                 error = f"{type(exc).__name__}: {str(exc)[:200]}"
             outbox.send_bytes(json.dumps({"warmed": msg["warm"], "error": error}).encode())
             continue
-        if cpu_seconds:
-            _limit_cpu(cpu_seconds)
+        _limit_cpu(item_cpu_seconds)
         idx, verifier, response, reference = msg
         try:
             verdict = VERIFIERS[verifier](response, reference)
@@ -114,6 +131,8 @@ def main(
         outbox.send_bytes(json.dumps(result).encode())
 
 
-if __name__ == "__main__":
-    ids = [None if a == "-" else int(a) for a in sys.argv[6:8]]
-    main(*map(int, sys.argv[1:5]), *sys.argv[5:6], *ids)
+def cli(argv: list[str]) -> None:
+    """``R W MEM CPU ITEM_CPU POOL_DIR NAME UID GID HOOK`` (UID/GID ``-`` for none, HOOK 1
+    or 0)."""
+    ids = [None if a == "-" else int(a) for a in argv[7:9]]
+    main(*map(int, argv[0:5]), argv[5], argv[6], *ids, hook=argv[9] == "1")

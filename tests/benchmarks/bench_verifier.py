@@ -46,12 +46,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=1.0)
+    parser.add_argument("--max-items-per-worker", type=int, default=None,
+                        help="verifier.max_items_per_worker (default: the pool's)")  # fmt: skip
     args = parser.parse_args()
+    extra = {}
+    if args.max_items_per_worker:
+        extra["max_items_per_worker"] = args.max_items_per_worker
     header = ("verifier", "workers", "hostile", "items/s", "timeouts", "errors")
     print(" ".join(f"{h:>9}" for h in header))
     for kind in ("numeric", "math"):
         for workers in (1, 2):
-            with VerifierPool(PoolConfig(num_workers=workers, timeout_s=args.timeout)) as pool:
+            cfg = PoolConfig(num_workers=workers, timeout_s=args.timeout, **extra)
+            with VerifierPool(cfg) as pool:
                 pool.verify(*items(kind, 20, 0.0), verifier=kind)  # workers up and warm
                 for share in (0.0, 0.1):
                     responses, references = items(kind, args.items, share)

@@ -61,3 +61,16 @@ def _spin(response: str, reference: str) -> Verdict:
     while time.process_time() < end:
         pass
     return Verdict(1.0, "ok")
+
+
+@register_verifier("_test_spin_defiant")
+def _spin_defiant(response: str, reference: str) -> Verdict:
+    """As ``_test_spin``, after ignoring SIGXCPU and lifting its soft CPU limit to the hard one
+    (what a worker running hostile code can do): only a hard limit stops it."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXCPU, signal.SIG_IGN)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
+    return _spin(response, reference)

@@ -1,5 +1,5 @@
 """The verifier's health (reward/health.py): counts, texts once, the alert; and the verifier stage
-collecting them from a real verifier actor (Ray, its worker processes)."""
+collecting them from a real verifier actor (Ray, its worker processes), restarted once a death."""
 
 from __future__ import annotations
 
@@ -68,5 +68,36 @@ def test_the_verifier_stage_drains_error_texts_and_restarts_from_its_actor(ray_c
         verifier.verify([group], problems, task, "as_is")
         errors, restarts = verifier.drain()
         assert restarts == 1 and len(errors) == 2  # the new actor's pool scored them again
+    finally:
+        verifier.shutdown()
+
+
+def test_one_verifier_death_with_calls_in_flight_is_one_restart(ray_cluster):
+    """Issue 58 section 6: with verification streaming, several calls are in flight on the
+    verifier actor when it dies, and each fails with ActorDied. The first failure restarts the
+    actor; the others were sent to the same dead actor, so they go to its replacement without
+    another restart (before: each restarted it, killing the healthy replacement, and the run
+    stopped with ``verifier.max_restarts reached``)."""
+    import ray
+
+    # one restart allowed: the one death; the old code needed one per failed call (5)
+    verifier = Verifier(load("verifier.max_restarts=1"), placement=None, log=lambda *_: None)
+    try:
+        task = SimpleNamespace(verifier="numeric", reward_range=(0.0, 1.0))
+        pending, expected = [], []
+        for i in range(5):  # 5 calls in flight, as in the issue's run
+            # call i: one prompt whose reference is i, a right and a wrong response
+            samples = [Sample([2], [0.0], text, "stop", 0) for text in (f"{i}", f"{i + 1}")]
+            problems = [Problem(f"u{i}", "q", "q", f"{i}")]
+            pending.append(verifier.submit([Group("q", [1], samples)], problems, task))
+            expected.append(["ok", "wrong"])
+        # the actor is still starting (spawned in Verifier(), not awaited): no call has an
+        # answer yet, so all 5 are queued on it when it dies
+        assert ray.wait([p.call for p in pending], num_returns=5, timeout=0)[0] == []
+        kill_and_wait(verifier.actor)
+        got = [[v.reason for v in verifier.result(p, "as_is")] for p in pending]
+        assert got == expected
+        assert verifier.restarts == 1
+        assert verifier.drain()[1] == 1  # the health report counts the one actor replaced
     finally:
         verifier.shutdown()

@@ -76,7 +76,7 @@ def test_non_finite_score_is_an_error_at_the_lowest_reward(pool):
         ["nan", "inf", "-inf", "0.5"], [""] * 4, verifier="_test_score", lowest=-1.0
     )
     assert verdicts == [Verdict(-1.0, "error")] * 3 + [Verdict(0.5, "ok")]
-    assert len(pool.last_errors) == 3 and "non-finite" in pool.last_errors[0]
+    assert len(pool.last_errors) == 3 and "outside the reward range" in pool.last_errors[0]
 
 
 def test_lowest_passes_through_the_entry_points(pool, monkeypatch):

@@ -1,6 +1,8 @@
-"""The verifier workers' sandbox (reward/sandbox.py), each protection tried from inside a
-worker (tests/reward/sandbox_probes.py). A protection this machine does not allow is reported
-as OFF with its reason, and its test is skipped with that reason."""
+"""The verifier workers' sandbox (reward/sandbox.py, reward/kernel.py), each protection tried
+from inside a worker (tests/reward/sandbox_probes.py): through the whole sandbox, and against
+the kernel's walls alone (``verifier.audit_hook=false``: what code that gets past the Python
+hook meets). A protection this machine does not allow is reported as OFF with its reason, and
+its test is skipped with that reason."""
 
 from __future__ import annotations
 
@@ -14,28 +16,46 @@ import pytest
 from reward.pool import PoolConfig, VerifierPool
 from tests.helpers import pool_loading
 
-PROTECTIONS = ("network", "user", "home", "rlimits", "audit_hook")
+PROTECTIONS = ("network", "user", "scratch", "rlimits", "landlock", "seccomp", "audit_hook")
+KERNEL = ("network", "user", "rlimits", "landlock", "seccomp")
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with pool_loading("tests.reward.sandbox_probes", PoolConfig(num_workers=1, timeout_s=5.0)) as p:
-        p.verify(["1+1=2"], ["2"], verifier="numeric")  # started: its report is in
-        yield p
-
-
-@pytest.fixture
 def open_dir():
     """A folder any user may enter and write (pytest's tmp_path sits in a 0700 folder, which
-    would stop an unprivileged worker by itself): what stops the worker there is the hook."""
+    would stop an unprivileged worker by itself): what stops the worker there is the sandbox.
+    Made before the pools, so that the probes hold a descriptor of it (PREOPENED)."""
     import shutil
-    import tempfile
-    from pathlib import Path
 
-    folder = Path(tempfile.mkdtemp(prefix="avspo-sandbox-test-"))
+    folder = Path("/tmp") / f"avspo-sandbox-test-{os.getpid()}"
+    folder.mkdir(mode=0o777)
     folder.chmod(0o777)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _probing(hook: bool, workers: int = 1):
+    cfg = PoolConfig(num_workers=workers, timeout_s=5.0, audit_hook=hook)
+    return pool_loading("tests.reward.sandbox_probes", cfg)
+
+
+@pytest.fixture(scope="module")
+def pool(open_dir):
+    with _probing(hook=True) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def bare(open_dir):
+    """Two workers with the kernel's protections only (no audit hook)."""
+    with _probing(hook=False, workers=2) as p:
+        yield p
+
+
+@pytest.fixture(params=["whole", "kernel"])
+def either(request, pool, bare):
+    """Each attempt through the whole sandbox and against the kernel's walls alone."""
+    return pool if request.param == "whole" else bare
 
 
 def in_force(pool, protection: str) -> None:
@@ -75,13 +95,16 @@ def test_unprivileged_user_when_root(pool):
 
 
 def test_scratch_home_and_working_directory(pool):
-    in_force(pool, "home")
+    in_force(pool, "scratch")
     scratch = pool._workers[0].scratch
-    assert scratch and os.path.basename(scratch).startswith("avspo-verifier-")
+    pool_dir = os.path.dirname(scratch)  # the worker makes it in the pool's folder
+    assert os.path.basename(pool_dir).startswith("avspo-verifier-")
     assert os.environ.get("HOME") != scratch
     probe(pool, "_probe_state", "home", f"{scratch}|{scratch}|{scratch}")
     probe(pool, "_probe_scratch", "")
     assert os.path.exists(os.path.join(scratch, "note.txt"))
+    if os.geteuid() == 0:  # root's: workers reach their folder by name, cannot list or add
+        assert os.stat(pool_dir).st_uid == 0 and os.stat(pool_dir).st_mode & 0o777 == 0o711
 
 
 def test_the_scratch_folder_goes_with_its_worker(monkeypatch):
@@ -90,7 +113,7 @@ def test_the_scratch_folder_goes_with_its_worker(monkeypatch):
         probe(p, "_probe_scratch", "")
         scratch = p._workers[0].scratch
         assert os.path.isdir(scratch)
-    assert not os.path.exists(scratch)
+    assert not os.path.exists(os.path.dirname(scratch))
 
 
 def test_a_killed_pools_scratch_folders_are_swept_by_the_next_pool():
@@ -123,40 +146,86 @@ def test_resource_limits(pool):
 
 
 @pytest.mark.parametrize(
-    "attempt", ["os.system", "subprocess", "fork", "socket", "unix_socket", "ctypes"]
+    "attempt",
+    ["os.system", "subprocess", "unaudited_subprocess", "exec", "fork", "socket", "unix_socket"],
 )
-def test_no_process_socket_or_native_code(pool, attempt, tmp_path):
-    in_force(pool, "audit_hook")
+def test_no_program_process_or_socket(either, attempt, tmp_path):
+    """Refused by the hook, and by seccomp where the hook is not (``unaudited_subprocess``
+    raises no audit event; the bare pool has no hook): nothing runs, nothing outlives the
+    worker, no socket of any family, not even to a Unix socket by path."""
+    in_force(either, "seccomp")
     path = str(tmp_path / "s")
     with socket.socket(socket.AF_UNIX) as server:  # a socket the worker could reach by path
         server.bind(path)
         server.listen()
-        probe(pool, "_probe_refused", attempt, path)
+        probe(either, "_probe_refused", attempt, path)
 
 
-def test_no_write_delete_or_link_outside_the_scratch(pool, open_dir):
+def test_no_native_code(pool):
     in_force(pool, "audit_hook")
+    probe(pool, "_probe_refused", "ctypes")
+
+
+def test_no_write_delete_or_link_outside_the_scratch(either, open_dir):
+    """Landlock refuses what the hook refuses, without it: the folder is writable by anyone."""
+    in_force(either, "landlock")
     kept = open_dir / "kept"
     kept.write_text("keep")
     kept.chmod(0o666)
-    probe(pool, "_probe_refused", "write_outside", str(open_dir / "new"))
-    probe(pool, "_probe_refused", "write_outside", str(kept))
-    probe(pool, "_probe_refused", "remove_outside", str(kept))
-    probe(pool, "_probe_refused", "symlink", str(kept))
+    probe(either, "_probe_refused", "write_outside", str(open_dir / "new"))
+    probe(either, "_probe_refused", "write_outside", str(kept))
+    probe(either, "_probe_refused", "remove_outside", str(kept))
+    probe(either, "_probe_refused", "symlink", str(kept))
+    probe(either, "_probe_refused", "dir_fd_write", str(open_dir))  # a held descriptor
     assert sorted(p.name for p in open_dir.iterdir()) == ["kept"] and kept.read_text() == "keep"
 
 
-def test_no_read_of_secrets_outside_the_allowed_folders(pool, open_dir):
-    in_force(pool, "audit_hook")
+def test_no_read_or_listing_of_secrets_outside_the_allowed_folders(either, open_dir):
+    """A file anyone may read (0644: the kernel's permissions would let ``nobody`` or the
+    user read it, as a non-root user's own ~/.cache/huggingface/token) stays shut."""
+    in_force(either, "landlock")
     secret = open_dir / "token"
     secret.write_text("hf_secret")
-    secret.chmod(0o644)  # readable by anyone to the kernel: the hook shuts it
-    probe(pool, "_probe_refused", "read_outside", str(secret))
+    secret.chmod(0o644)
+    probe(either, "_probe_refused", "read_outside", str(secret))
+    probe(either, "_probe_refused", "list_outside", str(open_dir))
 
 
-def test_the_parent_cannot_be_signalled(pool):
+def test_the_hook_cannot_be_patched(pool, open_dir):
+    """Replacing the hook's helper's code (so that every path is "inside") is refused."""
     in_force(pool, "audit_hook")
-    probe(pool, "_probe_refused", "kill_parent")  # signal 0: a check, even if it got through
+    secret = open_dir / "token2"
+    secret.write_text("hf_secret")
+    secret.chmod(0o644)
+    probe(pool, "_probe_refused", "patch_hook_helper", str(secret))
+
+
+def test_a_worker_cannot_read_a_siblings_memory(bare):
+    """Both workers run as ``nobody`` and are dumpable (their import folders are read through
+    /proc/self/fd where only root could enter them); Landlock puts each in its own domain."""
+    in_force(bare, "landlock")
+    pids = []
+    for _ in range(2):  # each worker says its pid (two items at once: one per worker)
+        bare.verify(["pid", "pid"], ["", ""], verifier="_probe_state")
+        pids += [int(e.split("pid ")[-1]) for e in bare.last_errors if "pid " in e]
+    assert len(set(pids)) >= 2, pids  # both workers answered
+    for w in bare._workers:  # each worker is asked about a pid not its own
+        if w.ready:
+            other = next(p for p in pids if p != w.process.pid)
+            probe(bare, "_probe_refused", "sibling_memory", str(other))
+
+
+def test_the_pools_environment_stays_shut(either):
+    """The pool's process (the verifier actor, with Ray's environment) is outside every
+    worker's Landlock domain: its /proc/<pid>/environ cannot be read (the workers' own
+    environment is an allow-list without keys or tokens: reward/worker_io.py)."""
+    in_force(either, "landlock")
+    probe(either, "_probe_refused", "parent_environ")
+
+
+def test_the_parent_cannot_be_signalled(either):
+    in_force(either, "seccomp")
+    probe(either, "_probe_refused", "kill_parent")  # signal 0: a check, even if it got through
 
 
 def test_sandboxed_workers_still_verify(pool):
