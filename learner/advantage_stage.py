@@ -13,14 +13,16 @@ takes the step's groups and verdicts and
    before any intervention; groups left out of training count as zero-advantage), with the same
    ``algorithm.tau``;
 4. builds the :class:`~learner.batch.TrainBatch` of the trained groups (DAPO's overlong filter
-   masks truncated responses out of the loss).
+   masks truncated responses out of the loss, and a verifier fault's group is masked out).
 
 Verifier faults are not collapse: a group with a sample whose verification timed out or failed
 (reason ``timeout`` or ``error``; the pool scored it r_lo, its true reward unknown) is left out
 of the estimator, the trigger and the ACR monitor, so it is neither augmented nor counted as
-collapsed, and a right answer in it is never pushed down; it stays in the batch at zero
-advantage (batch sizes unchanged) and is counted on its own: ``verifier/faulted_groups`` and
-``verifier/faulted_group_frac`` (of generated groups), beside ``reward/verifier_*_frac``. (With
+collapsed, and a right answer in it is never pushed down; its rewards leave the trigger's J_t;
+it stays in the batch (batch sizes unchanged) at zero advantage with its tokens masked out of
+the loss, so none counts in the loss's denominator; and it is counted on its own:
+``verifier/faulted_groups`` and ``verifier/faulted_group_frac`` (of generated groups), beside
+``reward/verifier_*_frac``. (With
 ``algorithm.reward.verifier`` 0, rewards purely intrinsic, a verifier fault changes no reward.)
 
 It returns the batch and the step's ``acr/*``, ``avspo/*``, ``reward/*`` and
@@ -193,7 +195,9 @@ class AdvantageStage:
         known = ~torch.tensor(faulted or [False] * len(groups), dtype=torch.bool)  # [M]
         est = keep & known  # the groups the estimator and the trigger see
         rows = est[group_ids]  # [N]
-        mean_reward = float(rewards.double().mean())  # J_t: over everything generated
+        known_rows = known[group_ids]  # [N]
+        # J_t over the samples whose rewards are known (a fault's r_lo is no reward)
+        mean_reward = float(rewards[known_rows].double().mean()) if known.any() else 0.0
         advantages = torch.zeros_like(rewards)  # groups left out: no gradient
         result, metrics = None, dict.fromkeys(self.estimator_keys, 0.0)  # kept if none trains
         if est.any():  # (none: every group of the step faulted)
@@ -210,17 +214,20 @@ class AdvantageStage:
             "verifier/faulted_groups": float((~known).sum()),
             "verifier/faulted_group_frac": float((~known).double().mean()),
             "acr/trained": result.acr if result is not None else 0.0,
-            "reward/mean": mean_reward,
+            "reward/mean": float(rewards.double().mean()),
             "reward/mean_trained": float(rewards[trained_rows].double().mean()),
             "response_length/mean": float(lengths.double().mean()),
             "response_length/mean_trained": float(lengths[trained_rows].double().mean()),
             "response_length/clip_ratio": float(truncated.double().mean()),
         }
+        out = ~known_rows  # a faulted group's tokens stay out of the loss (and its denominator)
+        if self.cfg.overlong.filter:
+            out |= truncated
         batch = build_batch(
             [g for g, k in zip(groups, keep.tolist(), strict=True) if k],
             advantages[trained_rows],
             pad_id=self.pad_id,
-            masked_out=truncated[trained_rows] if self.cfg.overlong.filter else None,
+            masked_out=out[trained_rows],
         )
         return StageOutput(batch, metrics, collapsed)
 

@@ -71,3 +71,27 @@ def test_faults_per_group_and_dapo_never_selects_a_faulted_group():
     scores = [v.score for v in verdicts]
     # g0 looks mixed (1, 0) but its 0 is a timeout: not informative for dynamic sampling
     assert informative_groups(groups, scores, tau=1e-6, faulted=faulted) == [False, True, False]
+
+
+@pytest.mark.parametrize("cfg", [RELEASE, AVSPO], ids=["avspo_release", "avspo"])
+def test_a_faulted_group_leaves_the_loss_and_the_trigger_mean(cfg, monkeypatch):
+    """g0's four timeouts (scored r_lo, true rewards unknown) add no token to the loss's
+    denominator and no reward to J_t: J_t = mean of g1 and g2 = (1 + 0 + 1 + 0 + 0 x 4) / 8 =
+    0.25 (old code: over all 12 samples, 2 / 12, and g0's 12 tokens in the token-mean)."""
+    seen = []
+    stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
+    estimator = stage.estimator
+
+    def spy(rewards, step, *args):
+        seen.append(step.mean_reward)
+        return estimator(rewards, step, *args)
+
+    monkeypatch.setattr(stage, "estimator", spy)
+    groups = groups_of([[3] * 4] * 3)
+    verdicts = [V(0.0, "timeout")] * 4
+    verdicts += [V(1.0), V(0.0, "wrong"), V(1.0), V(0.0, "wrong")] + [V(0.0, "wrong")] * 4
+    batch, m, _ = stage.process(groups, verdicts, prompt_keys=["a", "b", "c"])
+    assert seen == [0.25]
+    assert batch.response_mask[:4].sum() == 0  # g0: no token in the loss
+    assert batch.response_mask[4:].sum() == 8 * 3  # the others: every response token
+    assert len(batch) == 12 and m["reward/mean"] == 2 / 12  # reported over everything
