@@ -24,11 +24,19 @@ from launch.validation import ConfigError
 from learner import checkpoint
 from learner.advantage_stage import AdvantageStage
 from reward.actor import VerifierActor
+from reward.custom import is_spec, reference_for, resolve
 from reward.tasks import Problem, Task, TaskConfig, make_task
 from reward.verifiers import score_truncated
 from rollout.engine import encode_prompt
 from rollout.types import Group
 from rollout.weight_sync import WeightSync
+
+
+def reward_functions(cfg: TrainConfig) -> list[str]:
+    """The functions (``task.verifier=module:function``) of the training and held-out tasks,
+    which the verifier actor and its workers register (reward/custom.py)."""
+    tasks = [cfg.task, *cfg.trainer.eval_tasks.values()]
+    return sorted({resolve(t.verifier) for t in tasks if is_spec(t.verifier)})
 
 
 @dataclass
@@ -57,8 +65,9 @@ class Verifier:
         self.replaced, self._replaced_seen = 0, 0
 
     def _spawn(self):
+        specs = reward_functions(self.cfg)
         return spawn_actor_group(
-            VerifierActor, 1, self.cfg.verifier, num_cpus=1, placement=self.placement
+            VerifierActor, 1, self.cfg.verifier, specs, num_cpus=1, placement=self.placement
         )[0]
 
     def verify(self, groups: list[Group], problems: list[Problem], task: Task, truncated: str):
@@ -70,7 +79,10 @@ class Verifier:
         """Start verifying ``groups`` (one call to the pool); :meth:`result` waits for it.
         Calls run in the order they were submitted."""
         responses = [s.text for g in groups for s in g.samples]
-        refs = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g.samples]
+        per_sample = [p for p, g in zip(problems, groups, strict=True) for _ in g.samples]
+        refs = [p.answer for p in per_sample]
+        if is_spec(task.verifier):  # your function is given the row's data_source too
+            refs = [reference_for(p.answer, p.data_source) for p in per_sample]
         args = (responses, refs, task.verifier)
         lowest, highest = task.reward_range
         call = self.actor.verify.remote(*args, lowest=lowest, highest=highest)

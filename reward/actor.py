@@ -3,12 +3,20 @@ them in its killable worker processes (reward/pool.py) and returns verdicts."""
 
 from __future__ import annotations
 
+import json
+import os
+
+from reward.custom import ENV
 from reward.pool import PoolConfig, VerifierPool
 from reward.verifiers import Verdict
 
 
 class VerifierActor:
-    def __init__(self, cfg: PoolConfig):
+    def __init__(self, cfg: PoolConfig, reward_functions: list[str] | None = None):
+        """``reward_functions``: specs (``module:function``, ``file.py:function``) the pool and
+        its workers register as verifiers (reward/custom.py)."""
+        if reward_functions:
+            os.environ[ENV] = json.dumps(reward_functions)
         self.pool = VerifierPool(cfg)
 
     def verify(

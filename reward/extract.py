@@ -102,6 +102,29 @@ def extract_last_number(text: str) -> str | None:
     return None if last is None else last.group(0)
 
 
+_FINAL = re.compile(r"(?i)\banswer[ \t]*:")
+
+
+def extract_final(text: str) -> str | None:
+    r"""The answer of a response asked to end with "Answer: ...": the last complete
+    ``\boxed{...}``, else everything after the last "Answer:" (several lines: a grid, a list of
+    moves), else :func:`extract_answer`'s. For reasoning_gym, whose answers may span lines.
+
+    >>> extract_final("Thinking.\nAnswer: 1 0\n0 1")
+    '1 0\n0 1'
+    >>> extract_final("answer: 3; Answer:  7 ") , extract_final("so 12")
+    ('7', '12')
+    """
+    found = extract_boxed(text)
+    if found:
+        return found
+    last = None
+    for m in _FINAL.finditer(text):
+        last = m
+    rest = text[last.end() :].strip() if last else ""
+    return rest or extract_answer(text)
+
+
 def extract_answer(text: str) -> str | None:
     """The model's final answer by the order in the module docstring, or None."""
     for extract in (

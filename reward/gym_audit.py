@@ -107,12 +107,20 @@ REFUSED: dict[str, str] = {
     "game_of_life_halting": (
         "its scorer gives 1.0 to any non-empty answer (bool(answer) == bool(reference))"
     ),
+    "coin_flip": (
+        "its scorer rewards a matching prefix: the fixed answer '0' scored 0.95 on average and "
+        "counted as solved on 38 of 40 problems"
+    ),
+    "propositional_logic": (
+        "its scorer gives 1.0 to any valid conclusion (copying the first premise scored 0.72 "
+        "on average, solved 25 of 40) and 0.25 to any answer at all"
+    ),
 }
 
 SAFE = _words(
     """ab acre advanced_geometry aiw arc_1d arc_agi base_conversion basic_arithmetic bf
     binary_alternation bitwise_arithmetic boxnet caesar_cipher calendar_arithmetic chain_sum
-    circuit_logic codeio coin_flip color_cube_rotation complex_arithmetic count_bits count_primes
+    circuit_logic codeio color_cube_rotation complex_arithmetic count_bits count_primes
     course_schedule cryptarithm decimal_arithmetic decimal_chain_sum dice emoji_mystery
     family_relationships figlet_font fraction_simplification futoshiki game_of_life gcd
     graph_color group_anagrams gsm_symbolic isomorphic_strings jugs kakurasu knight_swap
@@ -120,7 +128,7 @@ SAFE = _words(
     mahjong_puzzle manipulate_matrix maze mini_sudoku modulo_grid needle_haystack
     number_filtering number_format number_sequence number_sorting palindrome_generation
     palindrome_partitioning path_star polynomial_equations pool_matrix power_function
-    prime_factorization products propositional_logic quantum_lock ransom_note rearc
+    prime_factorization products quantum_lock ransom_note rearc
     rectangle_count rotate_matrix rotten_oranges rubiks_cube rush_hour self_reference
     sentence_reordering shortest_path simple_equations simple_geometry sokoban spell_backward
     string_manipulation string_splitting string_synthesis sudoku survo syllogism time_intervals

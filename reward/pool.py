@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+from reward.custom import register_from_env
 from reward.sandbox import make_pool_dir, remove_scratch, sweep_scratch, worker_ids
 from reward.verifiers import VERIFIERS, Verdict, load_verifier_modules
 from reward.worker_io import MAX_MESSAGE, Worker, checked, start_worker
@@ -175,6 +176,7 @@ class VerifierPool:
             raise ValueError(f"{len(responses)} responses but {len(references)} references")
         if verifier not in VERIFIERS:
             load_verifier_modules()
+            register_from_env()
         if verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {verifier!r}; expected one of {sorted(VERIFIERS)}")
         lowest, highest = float(lowest), float(highest)

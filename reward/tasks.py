@@ -18,7 +18,6 @@ training run on an empty train split stops with an error.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +27,11 @@ from reward.arithmetic import LEVELS, sample_problems
 from reward.cells import answer_of, cell, chat_messages, options_of
 from reward.data import DataError, file_rows, hub_rows
 from reward.extract import ANSWER_EXTRACTIONS, CHOICE_LETTERS
-from reward.verifiers import VERIFIERS, verifier_name
+from reward.verifiers import VERIFIERS, gym_reference, verifier_name
 
 TEST_ONLY_TASKS = ("math500", "minerva_math", "olympiadbench", "amc23", "aime24", "mmlu_pro")
 """Evaluation sets: only ``task.test_file`` is needed; the train split is empty."""
-FILE_TASKS = ("gsm8k", "math", *TEST_ONLY_TASKS)
+FILE_TASKS = ("gsm8k", "math", "custom", *TEST_ONLY_TASKS)
 TASK_NAMES = ("arithmetic", *FILE_TASKS, "reasoning_gym")
 ANSWER_FORMATS = ("plain", "gsm8k", "boxed", "list_first", "letter")
 VERIFIER_NAMES = ("numeric", "math", "reasoning_gym", "choice")
@@ -65,9 +64,12 @@ class TaskConfig:
     """The task group (``conf/task/*.yaml``)."""
 
     name: str = field(default="arithmetic", metadata={"choices": TASK_NAMES})
-    verifier: str = field(default="numeric", metadata={"choices": VERIFIER_NAMES})
+    verifier: str = "numeric"
     """numeric (exact numbers), math (numbers, then math-verify on LaTeX), reasoning_gym (the
-    dataset's own scorer), choice (an option letter A-J, multiple choice); reward/verifiers.py."""
+    dataset's own scorer), choice (an option letter A-J, multiple choice); reward/verifiers.py.
+    Or your own function: ``pkg.module:function`` or ``path/to/file.py:function``, in verl's
+    form ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` or
+    ``fn(response, reference) -> Verdict`` (reward/custom.py)."""
     answer_extraction: str = field(default="auto", metadata={"choices": ANSWER_EXTRACTIONS})
     """How the verifier finds the answer in a response. auto: the last complete ``\\boxed{}``,
     else the last ``#### ...``, else the last ``Answer: ...`` / ``answer is ...``, else the last
@@ -131,6 +133,10 @@ class TaskConfig:
     """A reasoning_gym dataset whose scorer was audited (reward/gym_audit.py: scorers that evaluate
     the answer get a pre-check; ``composite`` and ``game_of_life_halting`` are refused)."""
     gym_config: dict[str, Any] = field(default_factory=dict)
+    gym_reward: str = field(default="binary", metadata={"choices": ("binary", "partial")})
+    """binary: 1 when the dataset's scorer gives its top score (1.0), else 0; partial: the
+    scorer's own score (many give partial credit to answers that are not answers:
+    docs/configuration.md has each one's rule)."""
 
     def check(self) -> str | None:
         if not self.reward_lo < self.reward_hi:
@@ -152,10 +158,44 @@ class TaskConfig:
             problem = dataset_problem(self.gym_dataset)
             if problem:
                 return f"gym_dataset: {problem}"
+        from reward import custom
+
+        if self.name == "custom" and not custom.is_spec(self.verifier):
+            return (
+                "task=custom scores with your function: set task.verifier=path/to/file.py:"
+                "function (or pkg.module:function)"
+            )
+        if custom.is_spec(self.verifier):
+            if self.answer_extraction != "auto":
+                return "answer_extraction: a reward function of your own finds the answer itself"
+            problem = custom.check(custom.resolve(self.verifier))
+            if problem:
+                return f"verifier={problem}"
+        elif self.verifier not in VERIFIER_NAMES:
+            return (
+                f"verifier={self.verifier!r}: expected one of {list(VERIFIER_NAMES)} or a "
+                "function (module:function or path/to/file.py:function)"
+            )
+        if self.verifier == "reasoning_gym" and self.name != "reasoning_gym":
+            return (
+                "verifier=reasoning_gym scores only task=reasoning_gym's own generated entries "
+                "(a data file's reference would reach the dataset's scorer, and some scorers "
+                "evaluate their reference fields)"
+            )
         verifier = "reasoning_gym" if self.name == "reasoning_gym" else self.verifier
         if self.answer_extraction != "auto" and verifier + "_boxed" not in VERIFIERS:
             return f"answer_extraction={self.answer_extraction}: verifier {verifier!r} has none"
         return None
+
+
+def _verifier(cfg: TaskConfig) -> str:
+    """The registered name ``Task.verifier`` holds: a function's spec (its path made absolute),
+    or the built-in verifier with ``answer_extraction`` applied."""
+    from reward import custom
+
+    if custom.is_spec(cfg.verifier):
+        return custom.resolve(cfg.verifier)
+    return verifier_name(cfg.verifier, cfg.answer_extraction)
 
 
 def _prompt(cfg: TaskConfig, question: str) -> str:
@@ -176,7 +216,7 @@ def _arithmetic(cfg: TaskConfig) -> Task:
 
     return Task(
         "arithmetic",
-        verifier_name(cfg.verifier, cfg.answer_extraction),
+        _verifier(cfg),
         (cfg.reward_lo, cfg.reward_hi),
         problems("train", cfg.num_train),
         problems("test", cfg.num_test),
@@ -274,7 +314,7 @@ def _from_files(cfg: TaskConfig) -> Task:
     test, skipped_test = _split(cfg, cfg.test_file, cfg.test_split, cfg.num_test)
     return Task(
         cfg.name,
-        verifier_name(cfg.verifier, cfg.answer_extraction),
+        _verifier(cfg),
         (cfg.reward_lo, cfg.reward_hi),
         train,
         test,
@@ -302,7 +342,7 @@ def _reasoning_gym(cfg: TaskConfig) -> Task:
             continue
         seen.add(question)
         split = "train" if len(splits["train"]) < cfg.num_train else "test"
-        ref = json.dumps({"dataset": cfg.gym_dataset, "entry": entry}, default=list)
+        ref = gym_reference(cfg.gym_dataset, entry, cfg.gym_reward)
         splits[split].append(
             Problem(
                 uid=f"{cfg.gym_dataset}:{i}",
@@ -330,6 +370,7 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "amc23": _from_files,
     "aime24": _from_files,
     "mmlu_pro": _from_files,
+    "custom": _from_files,
     "reasoning_gym": _reasoning_gym,
 }
 

@@ -72,9 +72,11 @@ def _start(outbox: Connection, args: list, hook: bool) -> str:
     network = sandbox.isolate_network()  # first, while single-threaded
     try:
         logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled"
+        from reward.custom import register_from_env
         from reward.verifiers import load_verifier_modules
 
         load_verifier_modules()
+        register_from_env()  # task.verifier=module:function
         protections, scratch, readable = sandbox.enter(*args)
         protections["network"] = network
         _exit_with_parent(scratch)

@@ -50,6 +50,7 @@ from reward.extract import (
     extract_answer,
     extract_boxed,
     extract_choice,
+    extract_final,
     extract_last_number,
     parse_number,
 )
@@ -140,18 +141,62 @@ def _gym_scorer(dataset: str) -> Callable[[str, dict], float]:
     return reasoning_gym.get_score_answer_fn(dataset)
 
 
+def gym_reference(dataset: str, entry: dict, reward: str = "binary") -> str:
+    """A reasoning_gym reference: the dataset, its entry and the reward mode, as JSON that
+    keeps the entry's tuples and sets (plain JSON makes them lists, and scorers that compare
+    them, arc_agi's and rearc's, then gave their own answers 0.05).
+
+    >>> ref = gym_reference("arc_agi", {"metadata": {"output": ((1, 2),), "seen": {3}}})
+    >>> gym_entry(json.loads(ref)["entry"])
+    {'metadata': {'output': ((1, 2),), 'seen': {3}}}
+    """
+
+    def tag(x):
+        if isinstance(x, tuple):
+            return {"__tuple__": [tag(v) for v in x]}
+        if isinstance(x, (set, frozenset)):
+            return {"__set__": [tag(v) for v in sorted(x, key=repr)]}
+        if isinstance(x, list):
+            return [tag(v) for v in x]
+        if isinstance(x, dict):
+            return {k: tag(v) for k, v in x.items()}
+        return x
+
+    return json.dumps({"dataset": dataset, "entry": tag(entry), "reward": reward}, default=list)
+
+
+def gym_entry(tagged):
+    """The entry :func:`gym_reference` wrote, tuples and sets restored."""
+    if isinstance(tagged, list):
+        return [gym_entry(v) for v in tagged]
+    if isinstance(tagged, dict):
+        if set(tagged) == {"__tuple__"}:
+            return tuple(gym_entry(v) for v in tagged["__tuple__"])
+        if set(tagged) == {"__set__"}:
+            return {gym_entry(v) for v in tagged["__set__"]}
+        return {k: gym_entry(v) for k, v in tagged.items()}
+    return tagged
+
+
 def verify_reasoning_gym(
-    response: str, reference: str, *, extract: Extract = extract_answer
+    response: str, reference: str, *, extract: Extract = extract_final
 ) -> Verdict:
+    """The dataset's own scorer on the extracted answer. The reference is ``{"dataset",
+    "entry", "reward"}`` as ``make_task`` wrote it; ``reward`` ``binary`` (the default) scores 1
+    when the scorer's score reaches its top (1.0) and 0 otherwise: many scorers give partial
+    credit to non-answers (docs/configuration.md); ``partial`` keeps the scorer's score."""
     from reward.gym_audit import admits
 
     ref = json.loads(reference)
+    entry = gym_entry(ref["entry"])
     answer = extract(response)
     if answer is None:
         return NO_ANSWER
-    if not admits(ref["dataset"], answer, ref["entry"]):
+    if not admits(ref["dataset"], answer, entry):
         return REFUSED
-    score = float(_gym_scorer(ref["dataset"])(answer, ref["entry"]))
+    score = float(_gym_scorer(ref["dataset"])(answer, entry))
+    if ref.get("reward", "binary") == "binary":
+        score = 1.0 if score >= 1.0 - 1e-9 else 0.0
     return Verdict(score, "ok") if score > 0 else WRONG
 
 
@@ -240,7 +285,8 @@ def register_verifier(name: str, *, warm: Callable[[], None] | None = None):
 
 def load_verifier_modules() -> None:
     """Import the modules named in ``AVSPO_VERIFIER_MODULES`` (comma-separated), which register
-    extra verifiers; done in the parent and in every worker process."""
+    extra verifiers; done in the parent and in every worker process (before its sandbox closes;
+    reward/custom.py ``register_from_env`` beside it, for ``task.verifier=module:function``)."""
     for name in filter(None, os.environ.get("AVSPO_VERIFIER_MODULES", "").split(",")):
         importlib.import_module(name.strip())
 

@@ -69,7 +69,7 @@ def checked(msg, idx: int, lowest: float, highest: float) -> tuple[Verdict | Non
 
 ENV_ALLOWED = (
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "PYTHONHASHSEED",
-    "AVSPO_VERIFIER_MODULES",
+    "AVSPO_VERIFIER_MODULES", "AVSPO_REWARD_FUNCTIONS",
 )  # fmt: skip
 """Environment variables a verifier worker gets: model output runs there, so no key, token or
 password of the parent's environment does (Ray's token included), nor the user's home (the

@@ -90,3 +90,38 @@ def test_a_verl_parquet_trains_two_steps_with_rendered_prompts(
     assert shown == repr(expr + "="), shown
     got = rows(tmp_path / "run")
     assert {1, 2} <= set(got) and all(0 <= got[s]["reward/mean"] <= 1 for s in (1, 2))
+
+
+VERL_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's form, unchanged. 1 for the right sum; 0.5 for any other answer of a row whose
+    data_source is the task's (so this function, not a built-in verifier, is what scored:
+    a built-in gives 0 there)."""
+    if solution_str.strip() == ground_truth:
+        return {"score": 1.0}
+    return 0.5 if data_source == "arithmetic/L1" else 0.0
+'''
+
+
+@pytest.mark.slow
+def test_a_verl_reward_function_trains_two_steps_with_task_custom(
+    tmp_path, tiny_model_dir, joined_ray
+):
+    """``task=custom`` with verl's data files and a reward file in verl's form, no other key:
+    every reward is 0.5 or 1, so ``reward/mean`` is at least 0.5 on both steps (a built-in
+    verifier would score the wrong answers 0: the tiny model gets ~40% of L1 right)."""
+    problems = sample_problems(1, 16, split="train", seed=0)
+    train, test = tmp_path / "train.parquet", tmp_path / "test.parquet"
+    write_verl_parquet(train, problems[:12])
+    write_verl_parquet(test, problems[12:])
+    reward = tmp_path / "my_reward.py"
+    reward.write_text(VERL_REWARD)
+    run_train(
+        tmp_path / "run", *fast_tiny_overrides(tiny_model_dir), "task=custom",
+        f"task.verifier={reward}:compute_score", f"task.train_file={train}",
+        f"task.test_file={test}", "rollout=hf", "trainer.total_steps=2",
+        "trainer.prompts_per_step=4", "trainer.eval_every=0", "trainer.eval_pass_k=0",
+        "logger.report=false", *joined_ray,
+    )  # fmt: skip
+    got = rows(tmp_path / "run")
+    assert {1, 2} <= set(got) and all(got[s]["reward/mean"] >= 0.5 for s in (1, 2)), got

@@ -381,7 +381,7 @@ def test_test_only_tasks_need_a_dataset_or_a_test_file(name):
     [
         ("task.answer_extraction=last", "task.answer_extraction: 'last' is not one of"),
         ("task.truncated=drop", "task.truncated: 'drop' is not one of"),
-        ("task.verifier=letters", "task.verifier: 'letters' is not one of"),
+        ("task.verifier=letters", "task: verifier='letters': expected one of"),
         ("task.answer_format=csv", "task.answer_format: 'csv' is not one of"),
         ("task.answer_format=plain", "options_key lists lettered options"),
     ],

@@ -1,0 +1,77 @@
+"""Your own reward function by config (reward/custom.py): verl's signature unchanged, or the
+project's ``(response, reference) -> Verdict``, run in the real verifier pool."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from reward.custom import ENV, check, reference_for, resolve
+from reward.pool import PoolConfig, VerifierPool
+from reward.tasks import TaskConfig
+from reward.verifiers import Verdict
+
+VERL_FORM = textwrap.dedent(
+    """
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        # verl's gsm8k-like rule, with the source in the score: 1 right, 0.1 for a number of
+        # another source's problem, 0 otherwise
+        answer = solution_str.split("=")[-1].strip()
+        if answer == ground_truth:
+            return {"score": 1.0, "acc": True}
+        return 0.1 if data_source == "other" else 0.0
+
+
+    def pair(response, reference):
+        return 0.5
+
+
+    def broken(x):
+        return 1.0
+    """
+)
+
+
+@pytest.fixture
+def reward_file(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(VERL_FORM)
+    return path
+
+
+def test_signatures_are_checked_in_one_line(reward_file):
+    assert check(f"{reward_file}:compute_score") is None
+    assert check(f"{reward_file}:pair") is None
+    broken = check(f"{reward_file}:broken")
+    assert "expected verl's compute_score(data_source, solution_str" in broken
+    assert "\n" not in broken
+    assert "no such file" in check("/nonexistent/r.py:f")
+    assert "has no function 'nope'" in check(f"{reward_file}:nope")
+    assert "ModuleNotFoundError" in check("no_such_pkg.mod:f")
+    problem = TaskConfig(name="custom", test_file="x", verifier=f"{reward_file}:broken").check()
+    assert problem.startswith(f"verifier={reward_file}:broken: TypeError")
+
+
+def test_a_relative_path_is_resolved_where_the_run_starts(reward_file, monkeypatch):
+    monkeypatch.chdir(reward_file.parent)
+    assert resolve("my_reward.py:compute_score") == f"{reward_file}:compute_score"
+    assert resolve("pkg.mod:fn") == "pkg.mod:fn"
+
+
+def test_the_function_scores_in_the_pool_with_its_data_source(reward_file, monkeypatch):
+    """In the real pool: verl's dict (its score), a float, the data_source passed through; a
+    score outside the task's range is an error (the pool's check)."""
+    spec, pair = f"{reward_file}:compute_score", f"{reward_file}:pair"
+    monkeypatch.setenv(ENV, json.dumps([spec, pair]))
+    with VerifierPool(PoolConfig(num_workers=1)) as pool:
+        refs = [reference_for("19", "gsm8k"), reference_for("19", "other"),
+                reference_for("19", None)]  # fmt: skip
+        got = pool.verify(["12+7=19", "12+7=20", "12+7=20"], refs, verifier=spec)
+        # 1.0 (right), 0.1 (wrong, source "other"), 0.0 (wrong)
+        assert got == [Verdict(1.0, "ok"), Verdict(0.1, "ok"), Verdict(0.0, "wrong")]
+        assert pool.verify(["x"], ["y"], verifier=pair) == [Verdict(0.5, "ok")]
+        # a task whose range is [0, 0.25]: 0.5 cannot be its score
+        (bad,) = pool.verify(["x"], ["y"], verifier=pair, highest=0.25)
+        assert bad.reason == "error" and "outside the reward range" in pool.last_errors[0]
