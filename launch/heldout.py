@@ -68,6 +68,10 @@ def evaluate(
     greedy = sampling.params(n=1, seed=seed, temperature=0.0)
     solved = [v.score >= solved_at for v in verify(generate(prompts, greedy), problems)]
     out = {"eval/accuracy": sum(solved) / len(solved)}
+    sources = [p.data_source for p in problems]
+    by_source = len(set(sources)) > 1  # verl's data_source column names several sets
+    if by_source:
+        out |= _per_source("accuracy", sources, solved)
     if k > 0:
         n = n or k
         if n < k:
@@ -79,7 +83,23 @@ def evaluate(
         correct = [sum(solved[i * n : (i + 1) * n]) for i in range(len(problems))]
         out[f"eval/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
         out[f"eval/mean@{n}"] = sum(solved) / len(solved)
+        if by_source:
+            out |= _per_source(f"pass@{k}", sources, [pass_at_k(n, c, k) for c in correct])
+            out |= _per_source(f"mean@{n}", sources, [c / n for c in correct])
     return out
+
+
+def _per_source(name: str, sources: list, values: list) -> dict[str, float]:
+    """``eval/<data_source>/<name>``: the mean of each problem's value per data_source (a
+    problem without one counts as ``none``).
+
+    >>> _per_source("accuracy", ["a", "b", "a", None], [1.0, 0.0, 0.0, 1.0])
+    {'eval/a/accuracy': 0.5, 'eval/b/accuracy': 0.0, 'eval/none/accuracy': 1.0}
+    """
+    sums: dict[str, list[float]] = {}
+    for source, value in zip(sources, values, strict=True):
+        sums.setdefault(source or "none", []).append(float(value))
+    return {f"eval/{s}/{name}": sum(v) / len(v) for s, v in sums.items()}
 
 
 def evaluate_held_out(

@@ -169,6 +169,25 @@ def test_evaluate_reports_greedy_accuracy_and_pass_at_k():
     assert stages.calls[0][1].temperature == 0.0 and stages.calls[1][1].temperature == 1.0
 
 
+def test_evaluate_reports_per_data_source_when_the_data_names_several():
+    """verl's ``data_source`` column: the same pattern as above with p0, p1 from "gsm8k" and
+    p2, p3 from "math". gsm8k: greedy 2/2 = 1.0, pass@2 1.0, mean@2 3/4; math: greedy 0/2,
+    pass@2 (1 + 0) / 2 = 0.5, mean@2 1/4. One source: no breakdown."""
+    problems = [dataclasses.replace(p, data_source="gsm8k" if i < 2 else "math")
+                for i, p in enumerate(_problems(4))]  # fmt: skip
+    pattern = {0: ALL_RIGHT, 1: [True, False], 2: [False, True], 3: ALL_WRONG}
+    out = evaluate(FakeStages(pattern).generate, FakeStages(pattern).verify, problems,
+                   TrainConfig().rollout.sampling, k=2)  # fmt: skip
+    assert out["eval/gsm8k/accuracy"] == 1.0 and out["eval/math/accuracy"] == 0.0
+    assert out["eval/gsm8k/pass@2"] == 1.0 and out["eval/math/pass@2"] == 0.5
+    assert out["eval/gsm8k/mean@2"] == 0.75 and out["eval/math/mean@2"] == 0.25
+    assert out["eval/accuracy"] == 0.5  # the whole set, as before
+    same = [dataclasses.replace(p, data_source="gsm8k") for p in problems]
+    one = evaluate(FakeStages(pattern).generate, FakeStages(pattern).verify, same,
+                   TrainConfig().rollout.sampling, k=2)  # fmt: skip
+    assert not any(k.startswith("eval/gsm8k/") for k in one)
+
+
 def test_evaluation_says_which_pass_of_which_set_runs():
     """Progress of a long evaluation: each set (``i/m`` with its name when there are several)
     and each pass over it (greedy, then the samples) is announced before it runs."""
