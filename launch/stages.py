@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def reward_functions(cfg: TrainConfig) -> list[str]:
     """The functions (``task.verifier=module:function``) of the training and held-out tasks,
     which the verifier actor and its workers register (reward/custom.py)."""
     tasks = [cfg.task, *cfg.trainer.eval_tasks.values()]
-    return sorted({resolve(t.verifier) for t in tasks if is_spec(t.verifier)})
+    names = [n for t in tasks for n in (t.verifier, *t.verifiers.values())]
+    return sorted({resolve(n) for n in names if is_spec(n)})
 
 
 @dataclass
@@ -80,10 +82,17 @@ class Verifier:
         Calls run in the order they were submitted."""
         responses = [s.text for g in groups for s in g.samples]
         per_sample = [p for p, g in zip(problems, groups, strict=True) for _ in g.samples]
-        refs = [p.answer for p in per_sample]
-        if is_spec(task.verifier):  # your function is given the row's data_source too
-            refs = [reference_for(p.answer, p.data_source) for p in per_sample]
-        args = (responses, refs, task.verifier)
+        names = getattr(task, "verifiers", None) or {}
+        verifiers = [names.get(p.data_source, task.verifier) for p in per_sample]
+        # your function is given the row's data_source too
+        refs = [reference_for(p.answer, p.data_source) if is_spec(v) else p.answer
+                for p, v in zip(per_sample, verifiers, strict=True)]  # fmt: skip
+        verifier = task.verifier
+        if names:  # one verifier per data_source: each item names its own
+            pairs = zip(verifiers, refs, strict=True)
+            refs = [json.dumps({"verifier": v, "reference": r}) for v, r in pairs]
+            verifier = "by_source"
+        args = (responses, refs, verifier)
         lowest, highest = task.reward_range
         call = self.actor.verify.remote(*args, lowest=lowest, highest=highest)
         return PendingVerdicts(groups, args, lowest, call, self.actor, highest)

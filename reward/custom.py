@@ -146,6 +146,31 @@ def check(spec: str) -> str | None:
     return None
 
 
+def verifier_problem(
+    verifier: str, task: str, answer_extraction: str, builtin: tuple[str, ...]
+) -> str | None:
+    """Why ``task.verifier`` cannot score task ``task`` (an unknown name, a function that does
+    not import or has neither signature, reasoning_gym's scorer for another task), or None."""
+    if is_spec(verifier):
+        if answer_extraction != "auto":
+            return "answer_extraction: a reward function of your own finds the answer itself"
+        problem = check(resolve(verifier))
+        if problem:
+            return f"verifier={problem}"
+    elif verifier not in builtin:
+        return (
+            f"verifier={verifier!r}: expected one of {list(builtin)} or a function "
+            "(module:function or path/to/file.py:function)"
+        )
+    if verifier == "reasoning_gym" and task != "reasoning_gym":
+        return (
+            "verifier=reasoning_gym scores only task=reasoning_gym's own generated entries (a "
+            "data file's reference would reach the dataset's scorer, and some scorers evaluate "
+            "their reference fields)"
+        )
+    return None
+
+
 def register_from_env() -> None:
     """Register the functions named in ``AVSPO_REWARD_FUNCTIONS`` under their specs (the
     parent and every worker; reward/verifiers.py load_verifier_modules)."""

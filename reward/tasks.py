@@ -19,7 +19,7 @@ training run on an empty train split stops with an error.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ class Task:
     train: list[Problem]
     test: list[Problem]
     skipped_rows: int = 0  # bad rows skipped under on_bad_row=skip
+    verifiers: dict[str, str] = field(default_factory=dict)  # data_source -> registered name
 
 
 @dataclass
@@ -70,6 +71,10 @@ class TaskConfig:
     Or your own function: ``pkg.module:function`` or ``path/to/file.py:function``, in verl's
     form ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` or
     ``fn(response, reference) -> Verdict`` (reward/custom.py)."""
+    verifiers: dict[str, str] = field(default_factory=dict)
+    """Per verl ``data_source``: the verifier of the rows from that source (a built-in name or a
+    function, as ``verifier``); rows of other sources use ``verifier``. E.g.
+    ``+task.verifiers.openai/gsm8k=gsm8k_reward.py:compute_score``."""
     answer_extraction: str = field(default="auto", metadata={"choices": ANSWER_EXTRACTIONS})
     """How the verifier finds the answer in a response. auto: the last complete ``\\boxed{}``,
     else the last ``#### ...``, else the last ``Answer: ...`` / ``answer is ...``, else the last
@@ -138,6 +143,12 @@ class TaskConfig:
     scorer's own score (many give partial credit to answers that are not answers:
     docs/configuration.md has each one's rule)."""
 
+    def check_verifier(self) -> str | None:
+        """Why ``verifier`` cannot score this task, or None (reward/custom.py)."""
+        from reward.custom import verifier_problem
+
+        return verifier_problem(self.verifier, self.name, self.answer_extraction, VERIFIER_NAMES)
+
     def check(self) -> str | None:
         if not self.reward_lo < self.reward_hi:
             return f"reward_lo={self.reward_lo} must be < reward_hi={self.reward_hi}"
@@ -160,28 +171,18 @@ class TaskConfig:
                 return f"gym_dataset: {problem}"
         from reward import custom
 
+        for source, name in self.verifiers.items():
+            problem = TaskConfig(name=self.name, verifier=name).check_verifier()
+            if problem:
+                return f"verifiers.{source}: {problem}"
         if self.name == "custom" and not custom.is_spec(self.verifier):
             return (
                 "task=custom scores with your function: set task.verifier=path/to/file.py:"
                 "function (or pkg.module:function)"
             )
-        if custom.is_spec(self.verifier):
-            if self.answer_extraction != "auto":
-                return "answer_extraction: a reward function of your own finds the answer itself"
-            problem = custom.check(custom.resolve(self.verifier))
-            if problem:
-                return f"verifier={problem}"
-        elif self.verifier not in VERIFIER_NAMES:
-            return (
-                f"verifier={self.verifier!r}: expected one of {list(VERIFIER_NAMES)} or a "
-                "function (module:function or path/to/file.py:function)"
-            )
-        if self.verifier == "reasoning_gym" and self.name != "reasoning_gym":
-            return (
-                "verifier=reasoning_gym scores only task=reasoning_gym's own generated entries "
-                "(a data file's reference would reach the dataset's scorer, and some scorers "
-                "evaluate their reference fields)"
-            )
+        problem = self.check_verifier()
+        if problem:
+            return problem
         verifier = "reasoning_gym" if self.name == "reasoning_gym" else self.verifier
         if self.answer_extraction != "auto" and verifier + "_boxed" not in VERIFIERS:
             return f"answer_extraction={self.answer_extraction}: verifier {verifier!r} has none"
@@ -319,6 +320,7 @@ def _from_files(cfg: TaskConfig) -> Task:
         train,
         test,
         skipped_rows=skipped_train + skipped_test,
+        verifiers={s: _verifier(replace(cfg, verifier=v)) for s, v in cfg.verifiers.items()},
     )
 
 

@@ -212,6 +212,18 @@ def verify_choice(response: str, reference: str, *, boxed_only: bool = False) ->
     return OK if chosen == gold else WRONG
 
 
+def verify_by_source(response: str, reference: str) -> Verdict:
+    """``task.verifiers`` (one verifier per verl ``data_source``): the reference is
+    ``{"verifier": name, "reference": ...}``, built by the driver from the config; the named
+    verifier scores the response against the inner reference.
+
+    >>> verify_by_source("so 12", json.dumps({"verifier": "numeric", "reference": "12"}))
+    Verdict(score=1.0, reason='ok')
+    """
+    ref = json.loads(reference)
+    return VERIFIERS[ref["verifier"]](response, ref["reference"])
+
+
 BOXED = "_boxed"  # suffix of the boxed-only variants
 
 VERIFIERS: dict[str, Callable[[str, str], Verdict]] = {
@@ -223,6 +235,7 @@ VERIFIERS: dict[str, Callable[[str, str], Verdict]] = {
     "math" + BOXED: functools.partial(verify_math, extract=extract_boxed),
     "reasoning_gym" + BOXED: functools.partial(verify_reasoning_gym, extract=extract_boxed),
     "choice" + BOXED: functools.partial(verify_choice, boxed_only=True),
+    "by_source": verify_by_source,
 }
 
 
@@ -257,6 +270,7 @@ WARMUPS: dict[str, Callable[[], None]] = {
     "math" + BOXED: _warm_math,
     "reasoning_gym": _warm_reasoning_gym,
     "reasoning_gym" + BOXED: _warm_reasoning_gym,
+    "by_source": _warm_math,  # the slow built-in a source most likely names
 }
 """What a pool worker runs once before its first item of a verifier (slow imports), so that an
 item's timeout measures the verification only (reward/pool.py)."""

@@ -75,3 +75,31 @@ def test_the_function_scores_in_the_pool_with_its_data_source(reward_file, monke
         # a task whose range is [0, 0.25]: 0.5 cannot be its score
         (bad,) = pool.verify(["x"], ["y"], verifier=pair, highest=0.25)
         assert bad.reason == "error" and "outside the reward range" in pool.last_errors[0]
+
+
+def test_one_verifier_per_data_source(reward_file, ray_cluster):
+    """``task.verifiers``: rows of "other" are scored by the pair-form function (0.5 whatever
+    the answer), the rest by ``task.verifier`` (numeric), through the real verifier actor."""
+    from types import SimpleNamespace
+
+    from launch.stages import Verifier
+    from reward.tasks import Problem
+    from rollout.types import Group, Sample
+    from tests.helpers import load
+
+    pair = f"{reward_file}:pair"
+    cfg = load("task=custom", f"task.verifier={reward_file}:compute_score",
+               "task.test_file=x", f"+task.verifiers.other={pair}")  # fmt: skip
+    verifier = Verifier(cfg, placement=None, log=lambda *_: None)
+    try:
+        task = SimpleNamespace(verifier="numeric", reward_range=(0.0, 1.0),
+                               verifiers={"other": pair})  # fmt: skip
+        samples = [Sample([2], [0.0], text, "stop", 0) for text in ("12+7=19", "12+7=20")]
+        problems = [Problem("a", "q", "q", "19", data_source="gsm8k"),
+                    Problem("b", "q", "q", "19", data_source="other")]  # fmt: skip
+        groups = [Group("q", [1], samples), Group("q", [1], samples)]
+        got = verifier.verify(groups, problems, task, "as_is")
+        # gsm8k rows: numeric (19 right, 20 wrong); "other": 0.5 for both
+        assert [v.score for v in got] == [1.0, 0.0, 0.5, 0.5]
+    finally:
+        verifier.shutdown()
