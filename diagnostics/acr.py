@@ -246,6 +246,20 @@ def wasted_work(advantages: Tensor, response_lengths: Tensor, groups) -> dict[st
     }
 
 
+def extra_metrics(extras: list[dict[str, float] | None]) -> dict[str, float]:
+    """``reward/extra/<key>``: the mean of each number a reward function returned beside its
+    score (verl's dict), over the samples that have it.
+
+    >>> extra_metrics([{"acc": 1.0}, None, {"acc": 0.0, "format": 1.0}])
+    {'reward/extra/acc': 0.5, 'reward/extra/format': 1.0}
+    """
+    sums: dict[str, list[float]] = {}
+    for extra in extras:
+        for key, value in (extra or {}).items():
+            sums.setdefault(key, []).append(value)
+    return {f"reward/extra/{k}": sum(v) / len(v) for k, v in sums.items()}
+
+
 def verifier_metrics(reasons: list[str]) -> dict[str, float]:
     """``reward/verifier_error_frac`` and ``reward/verifier_timeout_frac`` of a step's verdicts.
 

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from comm.collapse import collapse_stats
-from diagnostics.acr import ACRMonitor, MonitorConfig, verifier_metrics
+from diagnostics.acr import ACRMonitor, MonitorConfig, extra_metrics, verifier_metrics
 from learner.advantage import AdvantageResult
 from learner.batch import TrainBatch, build_batch
 from learner.config import AlgorithmConfig
@@ -210,6 +210,7 @@ class AdvantageStage:
         )
         metrics |= acr
         trained_rows = keep[group_ids]
+        metrics |= extra_metrics([getattr(v, "extra", None) for v in verdicts])
         metrics |= verifier_metrics([v.reason for v in verdicts]) | {
             "verifier/faulted_groups": float((~known).sum()),
             "verifier/faulted_group_frac": float((~known).double().mean()),

@@ -109,6 +109,21 @@ def _unwrap(reference: str) -> tuple[str, str | None]:
     return reference, None
 
 
+MAX_EXTRA = 16  # other numbers of a returned dict that are kept (reward/extra/<key>)
+
+
+def _extra(out) -> dict[str, float] | None:
+    """The other numbers of verl's returned dict (at most MAX_EXTRA, finite, short names)."""
+    if not isinstance(out, dict):
+        return None
+    extra = {
+        str(k)[:64]: float(v)
+        for k, v in out.items()
+        if k != "score" and isinstance(v, (int, float)) and math.isfinite(v)
+    }
+    return dict(list(extra.items())[:MAX_EXTRA]) or None
+
+
 def _score(out) -> float:
     score = out.get("score") if isinstance(out, dict) else out
     if isinstance(score, bool) or not isinstance(score, (int, float)):
@@ -125,8 +140,9 @@ def adapt(fn: Callable) -> Callable[[str, str], Verdict]:
     def verdict(response: str, reference: str) -> Verdict:
         answer, source = _unwrap(reference)
         if form == "verl":
-            score = _score(fn(source, response, answer, None))
-            return Verdict(score, "ok" if score > 0 else "wrong")
+            out = fn(source, response, answer, None)
+            score = _score(out)
+            return Verdict(score, "ok" if score > 0 else "wrong", _extra(out))
         out = fn(response, answer)
         if isinstance(out, Verdict):
             return out

@@ -128,6 +128,8 @@ def main(
         try:
             verdict = VERIFIERS[verifier](response, reference)
             result = [idx, float(verdict.score), verdict.reason, ""]
+            if verdict.extra:
+                result.append(verdict.extra)
         except BaseException as exc:  # MemoryError, RecursionError, anything: the item errs
             result = [idx, 0.0, "error", f"{type(exc).__name__}: {str(exc)[:200]}"]
         outbox.send_bytes(json.dumps(result).encode())

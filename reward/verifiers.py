@@ -42,7 +42,7 @@ import importlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from reward.extract import (
@@ -65,6 +65,8 @@ REASONS = ("ok", "wrong", "no_answer", "refused", "timeout", "error")
 class Verdict:
     score: float
     reason: str  # one of REASONS
+    # a reward function's other numbers (verl's dict beside "score"): logged reward/extra/<key>
+    extra: dict[str, float] | None = field(default=None, repr=False, compare=False)
 
 
 OK = Verdict(1.0, "ok")

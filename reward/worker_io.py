@@ -5,6 +5,7 @@ output runs there) and the one form of answer the pool takes from it."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -55,16 +56,28 @@ def checked(msg, idx: int, lowest: float, highest: float) -> tuple[Verdict | Non
     >>> checked([3, 1e39, "ok", ""], 3, 0.0, 1.0)[1]  # would be inf in float32
     'a score 1e+39 outside the reward range [0.0, 1.0]'
     """
-    if not (type(msg) is list and len(msg) == 4):
+    if not (type(msg) is list and len(msg) in (4, 5)):
         return None, f"a malformed result ({str(msg)[:80]!r})"
-    got, score, reason, error = msg
+    got, score, reason, error = msg[:4]
+    extra = msg[4] if len(msg) == 5 else None
+    if extra is not None and not _numbers(extra):
+        return None, "extra numbers that are not at most 16 short names of finite floats"
     if type(got) is not int or got != idx:
         return None, f"a verdict for item {str(got)[:20]} while verifying item {idx}"
     if type(score) is not float or not lowest <= score <= highest:  # NaN fails both
         return None, f"a score {str(score)[:20]} outside the reward range [{lowest}, {highest}]"
     if reason not in KNOWN_REASONS or type(error) is not str or (reason == "error") != bool(error):
         return None, f"an unknown reason or error text ({str(reason)[:20]!r})"
-    return Verdict(score, reason), error[:300]
+    return Verdict(score, reason, extra), error[:300]
+
+
+def _numbers(extra) -> bool:
+    return (
+        type(extra) is dict
+        and len(extra) <= 16
+        and all(type(k) is str and len(k) <= 64 for k in extra)
+        and all(type(v) is float and math.isfinite(v) for v in extra.values())
+    )
 
 
 ENV_ALLOWED = (

@@ -97,9 +97,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     """verl's form, unchanged. 1 for the right sum; 0.5 for any other answer of a row whose
     data_source is the task's (so this function, not a built-in verifier, is what scored:
     a built-in gives 0 there)."""
-    if solution_str.strip() == ground_truth:
-        return {"score": 1.0}
-    return 0.5 if data_source == "arithmetic/L1" else 0.0
+    right = solution_str.strip() == ground_truth
+    if right:
+        return {"score": 1.0, "acc": 1.0}
+    return {"score": 0.5 if data_source == "arithmetic/L1" else 0.0, "acc": 0.0}
 '''
 
 
@@ -125,3 +126,6 @@ def test_a_verl_reward_function_trains_two_steps_with_task_custom(
     )  # fmt: skip
     got = rows(tmp_path / "run")
     assert {1, 2} <= set(got) and all(got[s]["reward/mean"] >= 0.5 for s in (1, 2)), got
+    # the dict's other number, logged: acc = (reward/mean - 0.5) / 0.5 (rewards 1 or 0.5)
+    for s in (1, 2):
+        assert got[s]["reward/extra/acc"] == pytest.approx(2 * got[s]["reward/mean"] - 1)

@@ -71,6 +71,8 @@ def test_the_function_scores_in_the_pool_with_its_data_source(reward_file, monke
         got = pool.verify(["12+7=19", "12+7=20", "12+7=20"], refs, verifier=spec)
         # 1.0 (right), 0.1 (wrong, source "other"), 0.0 (wrong)
         assert got == [Verdict(1.0, "ok"), Verdict(0.1, "ok"), Verdict(0.0, "wrong")]
+        # verl's dict: its other numbers come back (logged as reward/extra/acc)
+        assert got[0].extra == {"acc": 1.0} and got[1].extra is None
         assert pool.verify(["x"], ["y"], verifier=pair) == [Verdict(0.5, "ok")]
         # a task whose range is [0, 0.25]: 0.5 cannot be its score
         (bad,) = pool.verify(["x"], ["y"], verifier=pair, highest=0.25)
