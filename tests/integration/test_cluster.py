@@ -245,33 +245,40 @@ def test_a_local_run_starts_its_own_ray_beside_another_clusters_address_file():
     num_gpus must not be provided"): every local run beside such a cluster failed. init_ray
     starts a Ray of its own (address="local"). The file is faked in a temp dir of its own."""
     import shutil
-    import subprocess
-    import sys
     import tempfile
 
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths have a limit
     try:
         Path(temp, "ray").mkdir()
         Path(temp, "ray", "ray_current_cluster").write_text("127.0.0.1:1")  # nobody there
-        code = (
-            "import ray\n"
-            "from launch.cluster import init_ray\n"
-            "from tests.helpers import load\n"
-            "init_ray(load('learner.num_ranks=1'))\n"
-            "print('gcs:', ray.get_runtime_context().gcs_address)\n"
-        )
-        out = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=ROOT,
-            env={**os.environ, "TMPDIR": temp, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
+        out = _init_ray_in_child(temp, "print('gcs:', ray.get_runtime_context().gcs_address)\n")
         assert "gcs: " in out.stdout and "127.0.0.1:1\n" not in out.stdout
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _init_ray_in_child(temp: str, then: str):
+    """``init_ray`` in a child process whose temp folder ($TMPDIR) is ``temp``, then ``then``
+    (Python, with ``ray`` imported); the finished process (it must exit 0)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import ray\n"
+        "from launch.cluster import init_ray\n"
+        "from tests.helpers import load\n"
+        "init_ray(load('learner.num_ranks=1'))\n" + then
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": temp, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
 
 
 @pytest.mark.slow
@@ -282,17 +289,12 @@ def test_a_local_ray_keeps_its_files_in_a_private_folder_removed_at_exit():
     mode 0700 of its own (launch/cluster.py init_ray), removed when the run exits. The temp
     folder Ray would use ($TMPDIR) is one of the test's, so that what is left there is seen."""
     import shutil
-    import subprocess
-    import sys
     import tempfile
 
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths have a limit
     try:
         code = (
-            "import os, stat, ray\n"
-            "from launch.cluster import init_ray\n"
-            "from tests.helpers import load\n"
-            "init_ray(load('learner.num_ranks=1'))\n"
+            "import os, stat\n"
             "node = ray._private.worker._global_node\n"
             "temp = node.get_temp_dir_path()\n"
             "parent = os.path.dirname(temp)\n"
@@ -303,15 +305,7 @@ def test_a_local_ray_keeps_its_files_in_a_private_folder_removed_at_exit():
             "print('longest socket:', max(len(os.path.join(sockets, s).encode())"
             " for s in os.listdir(sockets)))\n"
         )
-        out = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=ROOT,
-            env={**os.environ, "TMPDIR": temp, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
+        out = _init_ray_in_child(temp, code)
         got = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
         parent = os.path.dirname(got["temp"])
         assert os.path.dirname(parent) == temp, got  # in the temp folder Ray would have used
