@@ -172,11 +172,13 @@ class LearnerConfig:
     samples makes ceil(n / mini_batch_size) equal mini-batches, one optimizer step each; null =
     one optimizer step per training step. Default: 2 steps for the default 64 x 8 samples."""
     ppo_epochs: int = field(default=1, metadata={"ge": 1})
-    old_logprobs: str = field(default="bypass", metadata={"choices": ("bypass", "recompute")})
+    old_logprobs: str = field(default="auto", metadata={"choices": ("auto", "bypass", "recompute")})
     """Old log-probs of the PPO ratio: ``bypass`` takes the engine's (right when engine and
     learner compute the same numbers: fp32 on CPU, measured gap ~1e-6); ``recompute`` runs a
     no-grad learner forward before the first update and weights each token's loss by
-    min(exp(logp_learner_old - logp_engine), tis_cap) (bf16, GPUs: the GPU cluster presets)."""
+    min(exp(logp_learner_old - logp_engine), tis_cap) (bf16, GPUs: the GPU cluster presets);
+    ``auto``: recompute when the learner trains in bf16 (engine and learner then differ by
+    ~0.04 nats on SmolLM2), bypass in fp32."""
     tis_cap: float | None = field(default=2.0, metadata={"ge": 1.0})
     """Truncated importance-sampling cap in ``recompute`` mode (authors' code, TRL: 2.0);
     null = recompute without importance weights."""
@@ -206,6 +208,11 @@ class LearnerConfig:
     """Learner weights and activations; null = ``model.dtype`` (what the engines use; float32 on
     the CPU default). ``bfloat16`` turns on DeepSpeed's bf16 mode: bf16 forward/backward, fp32
     master weights and Adam state in the optimizer, fp32 gradient accumulation (ZeRO 1-3)."""
+    bf16_masters: str = field(default="dither", metadata={"choices": ("dither", "grid")})
+    """With a bf16 learner: ``dither`` offsets each fp32 master once, inside its bf16 rounding
+    cell (the weights unchanged), so the first updates move weights in proportion to their
+    drift; ``grid`` keeps DeepSpeed's masters on the bf16 grid, where a weight moves only once
+    its master drifted half a spacing (learner/bf16_masters.py). Ignored in fp32."""
     num_cpus_per_rank: float = field(default=1.0, metadata={"ge": 0.0})
     num_gpus_per_rank: float = field(default=0.0, metadata={"ge": 0.0})
     timeout_s: float = field(default=900.0, metadata={"gt": 0.0})
@@ -213,6 +220,17 @@ class LearnerConfig:
     """Seeds the learner ranks' torch RNG and the advantage stage's virtual-value draws
     (``random`` strategy); null = derived from ``trainer.seed`` (launch/config.py
     ``learner_seed``), so each run seed draws its own."""
+
+
+def old_logprobs_mode(setting: str, dtype: str) -> str:
+    """``learner.old_logprobs`` with ``auto`` resolved for a learner in ``dtype``.
+
+    >>> old_logprobs_mode("auto", "bfloat16"), old_logprobs_mode("auto", "float32")
+    ('recompute', 'bypass')
+    """
+    if setting != "auto":
+        return setting
+    return "recompute" if dtype == "bfloat16" else "bypass"
 
 
 def minibatch_problem(n: int, mini_batch_size: int | None, num_ranks: int) -> str | None:

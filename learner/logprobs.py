@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from learner.shared_prefix import shared_prefix_hidden
+from learner.shared_prefix import shared_prefix_hidden, window_problem
 from learner.tempered_logits import CHUNK_TOKENS, piece_intrinsic, piece_logprobs, token_logprobs
 
 LOGITS_MODES = ("chunked", "full")
@@ -340,8 +340,11 @@ def prefix_problem(model, *, tolerance: float | None = None, pack: str = "off") 
     prompts (lengths 5 and 3) with two responses each (lengths 4 and 2) is scored both ways.
     Runs two forward passes: under ZeRO-3 every rank must call it. ``tolerance``: by the
     model's dtype unless given (:func:`check_tolerance`)."""
-    tolerance = check_tolerance(model) if tolerance is None else tolerance
     module = _unwrap(model)
+    why = window_problem(getattr(module, "config", None))
+    if why is not None:  # (a check on short rows would pass: they never cross the window)
+        return why
+    tolerance = check_tolerance(model) if tolerance is None else tolerance
     weight = module.get_output_embeddings().weight
     vocab = getattr(weight, "ds_shape", weight.shape)[0]
     device = next(module.parameters()).device

@@ -18,6 +18,7 @@ there every rank tests its gradients and a MAX all-reduce makes all ranks skip t
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import socket
@@ -27,7 +28,8 @@ import torch
 from comm.devices import dist_backend, reserved_device
 from comm.hub import ModelRef, node_folder
 from learner.batch import MicroBatch, TrainBatch
-from learner.config import LearnerConfig
+from learner.bf16_masters import dither_masters
+from learner.config import LearnerConfig, old_logprobs_mode
 from learner.export import WeightExport
 from learner.logprobs import logits_problem, prefix_problem
 from learner.lora import save_model
@@ -60,6 +62,8 @@ class LearnerRank:
         self.rank, self.world_size, self.cfg, self.loss_cfg = rank, world_size, cfg, loss
         self.model_path, self.temperature = node_folder(model_path), temperature
         self.dtype = learner_dtype(cfg, dtype)  # learner.dtype, else the model's
+        mode = old_logprobs_mode(cfg.old_logprobs, self.dtype)  # auto: recompute in bf16
+        self.cfg = cfg = dataclasses.replace(cfg, old_logprobs=mode)
         self.logits = cfg.logits  # "full" after init if the model needs it
         self.device = reserved_device(cfg.num_gpus_per_rank)  # what this actor reserved
         if self.device == "cpu":  # DeepSpeed would pick CUDA wherever it is visible
@@ -120,6 +124,8 @@ class LearnerRank:
         deepspeed.init_distributed(dist_backend=backend)
         torch.manual_seed(0 if self.cfg.seed is None else self.cfg.seed)
         self.engine, self.optimizer, self.scheduler = self._deepspeed_engine()
+        if self.dtype == "bfloat16" and self.cfg.bf16_masters == "dither":
+            dither_masters(self.engine.module, 0 if self.cfg.seed is None else self.cfg.seed)
         self.export = WeightExport(self.engine.module, self.rank, self.cfg.zero_stage == 3)
         if self.logits == "chunked":
             # Every rank checks (a forward pass: ZeRO-3 gathers) and all take the full path if

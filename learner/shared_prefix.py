@@ -83,6 +83,15 @@ def packing_supported(decoder) -> str | None:
     attn = getattr(config, "_attn_implementation", None)
     if attn not in ("sdpa", "eager"):
         return f"attention implementation {attn!r} takes no 4D mask"
+    return window_problem(config)
+
+
+def window_problem(config) -> str | None:
+    """Why a model with this config cannot share a prompt's pass between its responses in any
+    layout (None when it can): sliding-window or linear-attention layers. Past the window, a
+    response row after a padded prompt (and a packed cache, which drops keys) attends to other
+    keys than the full sequence would: random Mistral and Gemma2 models with a window of 8 gave
+    0.04-0.05 nats mean, up to 0.36 per token, 56-60% of the gradient off."""
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
         if any(t != "full_attention" for t in layer_types):
