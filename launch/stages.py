@@ -82,7 +82,7 @@ class Verifier:
         Calls run in the order they were submitted."""
         responses = [s.text for g in groups for s in g.samples]
         per_sample = [p for p, g in zip(problems, groups, strict=True) for _ in g.samples]
-        names = getattr(task, "verifiers", None) or {}
+        names = task.verifiers
         verifiers = [names.get(p.data_source, task.verifier) for p in per_sample]
         # your function is given the row's data_source too
         refs = [reference_for(p.answer, p.data_source) if is_spec(v) else p.answer

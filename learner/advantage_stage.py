@@ -210,7 +210,7 @@ class AdvantageStage:
         )
         metrics |= acr
         trained_rows = keep[group_ids]
-        metrics |= extra_metrics([getattr(v, "extra", None) for v in verdicts])
+        metrics |= extra_metrics([v.extra for v in verdicts])
         metrics |= verifier_metrics([v.reason for v in verdicts]) | {
             "verifier/faulted_groups": float((~known).sum()),
             "verifier/faulted_group_frac": float((~known).double().mean()),

@@ -150,6 +150,7 @@ def train_batch(model, seed=0, n_groups=4, n=4):
 class V:
     score: float
     reason: str = "ok"
+    extra: dict | None = None  # a reward function's other numbers (reward/verifiers.py Verdict)
 
 
 def groups_of(lengths: list[list[int]], truncated: set[tuple[int, int]] = frozenset()):

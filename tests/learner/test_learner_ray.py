@@ -15,6 +15,7 @@ from learner.group import LearnerGroup
 from learner.loss import LossConfig, policy_loss
 from learner.tempered_logits import token_logprobs
 from learner.trigger import TriggerConfig
+from reward.verifiers import Verdict
 from rollout.types import Group, Sample
 from tests.helpers import train_batch
 from tests.metric_names import SECTION5
@@ -236,13 +237,8 @@ def _engine_groups(groups, batch, logprob=None):
     ]
 
 
-class _Verdict:
-    def __init__(self, score, reason):
-        self.score, self.reason = score, reason
-
-
 # every group collapsed: all correct, all wrong, all correct, all wrong
-_COLLAPSED = [_Verdict(1.0, "ok")] * 4 + [_Verdict(0.0, "wrong")] * 4
+_COLLAPSED = [Verdict(1.0, "ok")] * 4 + [Verdict(0.0, "wrong")] * 4
 _COLLAPSED = _COLLAPSED + _COLLAPSED
 
 

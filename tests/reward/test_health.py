@@ -55,7 +55,7 @@ def test_the_verifier_stage_drains_error_texts_and_restarts_from_its_actor(ray_c
     a killed actor is restarted and counted."""
     verifier = Verifier(load(), placement=None, log=lambda *_: None)
     try:
-        task = SimpleNamespace(verifier="reasoning_gym", reward_range=(0.0, 1.0))
+        task = SimpleNamespace(verifier="reasoning_gym", reward_range=(0.0, 1.0), verifiers={})
         group = Group("q", [1], [Sample([2], [0.0], "42", "stop", 0) for _ in range(2)])
         problems = [Problem("u", "q", "q", "not json")]
         verdicts = verifier.verify([group], problems, task, "as_is")
@@ -83,7 +83,7 @@ def test_one_verifier_death_with_calls_in_flight_is_one_restart(ray_cluster):
     # one restart allowed: the one death; the old code needed one per failed call (5)
     verifier = Verifier(load("verifier.max_restarts=1"), placement=None, log=lambda *_: None)
     try:
-        task = SimpleNamespace(verifier="numeric", reward_range=(0.0, 1.0))
+        task = SimpleNamespace(verifier="numeric", reward_range=(0.0, 1.0), verifiers={})
         pending, expected = [], []
         for i in range(5):  # 5 calls in flight, as in the issue's run
             # call i: one prompt whose reference is i, a right and a wrong response
