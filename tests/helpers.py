@@ -279,3 +279,20 @@ def pool_loading(modules: str, cfg):
                 yield pool
 
     return running()
+
+
+def weight_change(cfg, loss, model_dir: str, dtype: str, batch, updates: int):
+    """The flattened change of a learner group's exported weights after ``updates`` updates on
+    ``batch`` (``cfg``: its LearnerConfig), in float64 (a float32 dot product over 134M elements
+    gave a cosine of 1.08): tests/learner/test_bf16_masters.py, bench_bf16_drift.py."""
+    from learner.group import LearnerGroup
+
+    group = LearnerGroup(cfg, loss, model_dir, dtype=dtype)
+    try:
+        before = {k: v.double().clone() for k, v in group.export_weights().items()}
+        for _ in range(updates):
+            group.train_on(batch)
+        after = group.export_weights()
+    finally:
+        group.shutdown()
+    return torch.cat([(after[k].double() - v).flatten() for k, v in before.items()])

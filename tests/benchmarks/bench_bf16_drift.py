@@ -33,22 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def drift(cfg, path: str, dtype: str, updates: int, batch, **learner) -> torch.Tensor:
-    """The flattened change of the exported weights after ``updates`` updates (float64: a
-    float32 dot product over 134M elements gave a cosine of 1.08)."""
+    """The change of the exported weights (tests/helpers.py ``weight_change``) of the preset's
+    learner with old log-probs recomputed, no importance cap, and ``learner`` set."""
     from dataclasses import replace
 
-    from learner.group import LearnerGroup
+    from tests.helpers import weight_change
 
     lcfg = replace(cfg.learner, old_logprobs="recompute", tis_cap=None, **learner)
-    group = LearnerGroup(lcfg, cfg.algorithm.loss, path, dtype=dtype)
-    try:
-        before = {k: v.double().clone() for k, v in group.export_weights().items()}
-        for _ in range(updates):
-            group.train_on(batch)
-        after = group.export_weights()
-    finally:
-        group.shutdown()
-    return torch.cat([(after[k].double() - v).flatten() for k, v in before.items()])
+    return weight_change(lcfg, cfg.algorithm.loss, path, dtype, batch, updates)
 
 
 def main() -> None:

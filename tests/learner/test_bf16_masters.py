@@ -10,7 +10,7 @@ import torch
 from learner.bf16_masters import grid_offsets
 from learner.config import LearnerConfig
 from learner.loss import LossConfig
-from tests.helpers import train_batch
+from tests.helpers import train_batch, weight_change
 
 
 def test_offsets_never_change_a_bf16_weight():
@@ -28,20 +28,10 @@ def test_offsets_never_change_a_bf16_weight():
 
 
 def _change(model_dir: str, dtype: str, masters: str, batch, updates: int) -> torch.Tensor:
-    from learner.group import LearnerGroup
-
     cfg = LearnerConfig(num_ranks=2, zero_stage=2, lr=1e-5, micro_batch_size=8, warmup_steps=0,
                         timeout_s=600, old_logprobs="recompute", tis_cap=None,
                         bf16_masters=masters, seed=0)  # fmt: skip
-    group = LearnerGroup(cfg, LossConfig(), model_dir, dtype=dtype)
-    try:
-        before = {k: v.double().clone() for k, v in group.export_weights().items()}
-        for _ in range(updates):
-            group.train_on(batch)
-        after = group.export_weights()
-    finally:
-        group.shutdown()
-    return torch.cat([(after[k].double() - v).flatten() for k, v in before.items()])
+    return weight_change(cfg, LossConfig(), model_dir, dtype, batch, updates)
 
 
 @pytest.mark.slow
