@@ -25,6 +25,7 @@ function returns (verl's GSM8K rule gives 0 / 0.1 / 1: inside the default [0, 1]
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -63,11 +64,20 @@ def load(spec: str) -> Callable:
     if where.endswith(".py") or os.sep in where:
         if not os.path.isfile(where):
             raise ValueError(f"{where}: no such file")
-        module_name = f"avspo_reward_{abs(hash(where))}"
-        module_spec = importlib.util.spec_from_file_location(module_name, where)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module
-        module_spec.loader.exec_module(module)
+        # one module per file, run once per process (validation, make_task and the pool all
+        # load it): named after the file's absolute path
+        digest = hashlib.sha256(os.path.abspath(where).encode()).hexdigest()[:16]
+        module_name = f"avspo_reward_{digest}"
+        module = sys.modules.get(module_name)
+        if module is None:
+            module_spec = importlib.util.spec_from_file_location(module_name, where)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_name] = module
+            try:
+                module_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[module_name]  # a broken file is tried again, not half-kept
+                raise
     else:
         module = importlib.import_module(where)
     fn = getattr(module, name, None)

@@ -105,3 +105,17 @@ def test_one_verifier_per_data_source(reward_file, ray_cluster):
         assert [v.score for v in got] == [1.0, 0.0, 0.5, 0.5]
     finally:
         verifier.shutdown()
+
+
+def test_a_reward_file_runs_once_however_often_it_is_named(tmp_path):
+    """Validation, make_task and the pool's registration each name the function: the file's
+    module code runs once in a process (it counts its imports in a file beside it)."""
+    from reward.custom import load
+
+    count = tmp_path / "imports.txt"
+    path = tmp_path / "counted.py"
+    path.write_text(f"open({str(count)!r}, 'a').write('x')\ndef fn(response, reference):\n"
+                    "    return 1.0\n")  # fmt: skip
+    assert check(f"{path}:fn") is None and check(f"{path}:fn") is None
+    assert load(f"{path}:fn") is load(f"{path}:fn")
+    assert count.read_text() == "x"
