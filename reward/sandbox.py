@@ -64,6 +64,9 @@ SYSTEM_READABLE = ("/usr", "/lib", "/lib64", "/etc", "/dev/urandom", "/dev/rando
 """System folders and files a worker may read (shared libraries, locale and time zone data)."""
 
 SCRATCH_PREFIX = "avspo-verifier-"
+SHARED_TEMP = ("/tmp", "/var/tmp", "/dev/shm")
+"""Where a pool's folder goes when root's temp folder is shut to others (:func:`make_pool_dir`),
+and so where :func:`sweep_scratch` looks too."""
 
 
 def others_can_enter(folder: str) -> bool:
@@ -104,7 +107,7 @@ def make_pool_dir() -> str:
     would shut a ``nobody`` worker out of its own scratch)."""
     base = tempfile.gettempdir()
     if os.geteuid() == 0 and not others_can_enter(base):
-        base = next((d for d in ("/tmp", "/var/tmp", "/dev/shm") if others_can_enter(d)), base)
+        base = next((d for d in SHARED_TEMP if others_can_enter(d)), base)
     folder = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=base)
     if os.geteuid() == 0:
         os.chmod(folder, 0o711)
@@ -119,7 +122,8 @@ def remove_scratch(folder: str | None) -> None:
 def sweep_scratch() -> int:
     """Remove the folders of pools whose process is gone (a Ray actor killed with its workers:
     SIGKILL leaves no one to clean up); returns how many. Run when a pool starts."""
-    gone = [p for d in {tempfile.gettempdir(), "/tmp"} for p in orphans(d, SCRATCH_PREFIX)]
+    folders = {tempfile.gettempdir(), *(d for d in SHARED_TEMP if os.path.isdir(d))}
+    gone = [p for d in folders for p in orphans(d, SCRATCH_PREFIX)]
     for path in gone:
         remove_scratch(str(path))
     return len(gone)

@@ -244,3 +244,20 @@ def test_sandboxed_workers_still_verify(pool):
     t0 = time.monotonic()
     math = pool.verify([r"\boxed{\frac{1}{2}}"], ["0.5"], verifier="math")
     assert math[0].reason == "ok" and time.monotonic() - t0 < 60
+
+
+def test_the_sweep_looks_wherever_a_pool_may_have_put_its_folder():
+    """Root's pool folder goes to /tmp, /var/tmp or /dev/shm when TMPDIR is shut to others
+    (make_pool_dir): a dead pool's folder there is swept too."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from reward.sandbox import SCRATCH_PREFIX, SHARED_TEMP, sweep_scratch
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a pid that is gone
+    where = next(d for d in SHARED_TEMP[1:] if os.path.isdir(d) and os.access(d, os.W_OK))
+    dead = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{child.pid}-", dir=where)
+    sweep_scratch()
+    assert not os.path.exists(dead)
