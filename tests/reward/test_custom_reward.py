@@ -119,3 +119,18 @@ def test_a_reward_file_runs_once_however_often_it_is_named(tmp_path):
     assert check(f"{path}:fn") is None and check(f"{path}:fn") is None
     assert load(f"{path}:fn") is load(f"{path}:fn")
     assert count.read_text() == "x"
+
+
+def test_the_per_source_verifiers_reach_the_task(reward_file, tmp_path, monkeypatch):
+    """``task.verifiers`` through make_task: each source's function, its path made absolute."""
+    from reward.tasks import make_task
+
+    data = tmp_path / "test.jsonl"
+    data.write_text(json.dumps({"question": "1+1=", "answer": "2", "data_source": "a"}) + "\n")
+    monkeypatch.chdir(reward_file.parent)
+    cfg = TaskConfig(name="custom", test_file=str(data), verifier="my_reward.py:compute_score",
+                     question_key="question", answer_key="answer",
+                     verifiers={"other": "my_reward.py:pair", "b": "numeric"})  # fmt: skip
+    task = make_task(cfg)
+    assert task.verifier == f"{reward_file}:compute_score"
+    assert task.verifiers == {"other": f"{reward_file}:pair", "b": "numeric"}

@@ -54,3 +54,11 @@ def test_every_accepted_dataset_scores_its_reference_and_no_junk(name):
     row = gym_fuzz.dataset_row(name)
     assert row.reference == 1.0 and row.reference_partial == 1.0, row
     assert row.junk_binary == 0.0, row
+
+
+@pytest.mark.parametrize("reward", ["binary", "partial"])
+def test_gym_reward_reaches_every_reference(reward):
+    cfg = TaskConfig(name="reasoning_gym", gym_dataset="gcd", num_train=2, num_test=2,
+                     gym_reward=reward)  # fmt: skip
+    task = make_task(cfg)
+    assert {json.loads(p.answer)["reward"] for p in task.train + task.test} == {reward}
