@@ -80,16 +80,29 @@ def git_rev(ignore: Path | None = None, repo: Path = ROOT) -> str | None:
     return (rev + ("+dirty" if dirty else "")) or None
 
 
-def host() -> str:
-    """The CPU model and core count: the tiny model's warm start depends on the CPU's float
-    kernels (docs/NOTES.md), so rows from different CPUs are not comparable."""
-    name = "unknown CPU"
+BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+"""The /proc/cpuinfo flags that decide how a CPU computes bf16: AVX2 alone emulates it,
+AVX512_BF16 and AMX run it natively (E7/E7b's speed depends on which)."""
+
+
+def cpu_info() -> tuple[str, list[str]]:
+    """The CPU's model name and which of :data:`BF16_FLAGS` it has."""
+    name, flags = "unknown CPU", set()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    return f"{name}, {len(os.sched_getaffinity(0))} cores"
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name == "unknown CPU":
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    return name, [f for f in BF16_FLAGS if f in flags]
+
+
+def host() -> str:
+    """The CPU model, its bf16-relevant flags and core count: the tiny model's warm start depends
+    on the CPU's float kernels (docs/NOTES.md), so rows from different CPUs are not comparable."""
+    name, flags = cpu_info()
+    return f"{name} ({' '.join(flags) or 'no AVX2'}), {len(os.sched_getaffinity(0))} cores"
 
 
 def cell_models(exp: Experiment, log=print) -> dict[str, str | None]:

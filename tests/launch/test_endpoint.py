@@ -128,10 +128,13 @@ def test_only_narrows_the_pending_runs_and_names_a_bad_value(tmp_path, capsys):
     assert not exp.results.exists()
 
 
-def test_host_names_the_cpu_model_of_proc_cpuinfo():
+def test_host_names_the_cpu_model_of_proc_cpuinfo_and_its_bf16_flags():
     lines = Path("/proc/cpuinfo").read_text().splitlines()
     name = next(x.split(":", 1)[1].strip() for x in lines if x.startswith("model name"))
-    assert host().startswith(f"{name}, ") and host().endswith(" cores")
+    flags = next(x.split(":", 1)[1].split() for x in lines if x.startswith("flags"))
+    have = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    assert host().startswith(f"{name} ({' '.join(have) or 'no AVX2'}), ")
+    assert host().endswith(" cores")
 
 
 @pytest.mark.slow
