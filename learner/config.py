@@ -131,8 +131,9 @@ class LearnerConfig:
     """DeepSpeed ZeRO stage 0-3. Stages 1-3 skip a step whose grad norm is not finite by
     themselves; for stage 0 the rank checks its gradients and all ranks skip together."""
     lr: float = field(default=1e-4, metadata={"ge": 0.0})
-    """0 is a weight-sync check (nothing the run measures may move: E7b). 1e-4 for the tiny default with 64 x 8 samples per step (docs/NOTES.md: with 16 x 8 it was
-    flat, 2e-4 and up degraded it); real models want ~1e-6."""
+    """1e-4 for the tiny default with 64 x 8 samples per step (docs/NOTES.md: with 16 x 8 it was
+    flat, 2e-4 and up degraded it); real models want ~1e-6. 0 is a weight-sync check: nothing
+    the run measures may move (E7b)."""
     weight_decay: float = field(default=0.0, metadata={"ge": 0.0})
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     adam_eps: float = field(default=1e-8, metadata={"gt": 0.0})
