@@ -3,7 +3,8 @@
 A run directory holds ``metrics.jsonl`` (required: one JSON object per line with ``step`` and
 metric values, null for non-finite ones; step 0 is the evaluation before any update; a resumed
 run may repeat a step, and then the step's *last* row wins), ``config.yaml`` (optional, the
-resolved config) and ``prompt_history.json`` (optional, the ACR monitor's per-prompt history).
+resolved config), ``prompt_history.json`` (optional, the ACR monitor's per-prompt history) and
+``samples.jsonl`` (optional: a few rollouts of the first and last steps are shown).
 :func:`load_run` also reads other trainers' logs, a TRL ``trainer_state.json`` (or a directory
 holding one) and a verl file-logger ``.jsonl``, into the same structure (diagnostics/external.py
 says which keys); such a run is named ``trl:<dir>`` / ``verl:<file stem>``.
@@ -31,6 +32,7 @@ import yaml
 from diagnostics.external import ExternalRun, RunDataError, find_format, load_external, read_bytes
 from diagnostics.plots import PLOTS, plot_cross, plot_run
 from diagnostics.runs import Run
+from diagnostics.samples import report_lines as sample_lines
 from diagnostics.stats import PAPER_INTERCEPT, PAPER_LINE, PAPER_SLOPE, fit_line
 from diagnostics.summary import acr100_coverage, summarize
 
@@ -259,6 +261,7 @@ def write_report(run_dir: str | Path | Run) -> Path:
         shown = f"![{title}]({name})" if notes[name] is None else f"_Skipped: {notes[name]}._"
         lines += [f"### {title}", "", shown, ""]
     lines += ["## Prompts", "", *_prompt_lines(run), "", *_verifier_lines(run)]
+    lines += [] if isinstance(run, ExternalRun) else sample_lines(run.path)  # logger.samples
     path = run.path / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

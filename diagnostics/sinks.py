@@ -1,5 +1,7 @@
 """Metric sinks: jsonl in the run directory (always), console (a line per step, or a progress
-bar with ETA on a terminal), TensorBoard and wandb, selected by the ``logger`` config.
+bar with ETA on a terminal), TensorBoard and wandb, selected by the ``logger`` config; the
+step's logged rollouts (``logger.samples``) go to the sinks with ``log_samples`` (wandb's
+table here, samples.jsonl: diagnostics/samples.py).
 
 Values are plain floats; non-finite ones are written as null (JSON has no NaN). Nothing here
 reads or writes secrets.
@@ -154,6 +156,17 @@ class WandbSink:
         row = {k: _clean(float(v)) for k, v in metrics.items()}
         self._run.log({k: v for k, v in row.items() if v is not None}, step=step)
 
+    def log_samples(self, step: int, records: list[dict]) -> None:
+        """A step's logged rollouts (diagnostics/samples.py) as a ``wandb.Table`` under
+        ``samples``, one row each (a group's rewards as text), before the step's metrics."""
+        import wandb
+
+        if not records:
+            return
+        columns = list(records[0])
+        data = [[json.dumps(v) if isinstance(v, list) else v for v in r.values()] for r in records]
+        self._run.log({"samples": wandb.Table(columns=columns, data=data)}, step=step)
+
     def close(self) -> None:
         self._run.finish()
 
@@ -197,6 +210,12 @@ class MultiSink:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
             sink.log(step, metrics)
+
+    def log_samples(self, step: int, records: list[dict]) -> None:
+        """A step's logged rollouts to the sinks that keep them (``samples.jsonl``, wandb)."""
+        for sink in self.sinks:
+            if records and hasattr(sink, "log_samples"):
+                sink.log_samples(step, records)
 
     @contextlib.contextmanager
     def phase(self, text: str):

@@ -131,7 +131,10 @@ class ClusterConfig:
         default="PACK", metadata={"choices": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")}
     )
     ready_timeout_s: float = field(default=300.0, metadata={"gt": 0.0})
-    """Limit for the placement groups' resources to become available."""
+    """Limit for the placement groups' resources to become available (a busy cluster's)."""
+    wait_for_nodes: bool = False
+    """A reservation the cluster's nodes can never hold (more GPUs than it has) fails at once;
+    true: wait ``ready_timeout_s`` for nodes that may still join (an autoscaler's)."""
     listen: str = field(default="loopback", metadata={"choices": ("loopback", "node")})
     """Local Ray only: where the run's servers listen. ``loopback``: Ray (GCS, raylet, workers,
     its agents) and every rendezvous of the run (DeepSpeed's, the weight sync's, gloo) on
@@ -149,6 +152,11 @@ class ClusterConfig:
     """Actors' warnings and errors reach the driver's console (Ray's log_to_driver), with the
     libraries' own chatter turned down (launch/cluster.py: QUIET); false = actors are silent
     (their logs stay in Ray's session folder)."""
+    env_vars: dict[str, str] = field(default_factory=dict)
+    """Environment variables of every actor (Ray's runtime env, on a joined or a local Ray;
+    launch/cluster.py ``runtime_env_vars``): the GPU presets set NCCL's. A variable the driver's
+    own environment already sets keeps that value (a local Ray's actors inherit it; a Ray job
+    passes its own ``env_vars``). Drop one with ``~cluster.env_vars.NAME``."""
 
 
 @dataclass
@@ -178,6 +186,12 @@ class LoggerConfig:
     """null = the algorithm's, the task's and the model's names."""
     report: bool = True
     """Write report.md and PNG plots into the run dir at the end (launch.analyze does too)."""
+    samples: int = field(default=4, metadata={"ge": 0})
+    """Rollouts per training step logged whole (prompt, response, reward, verdict, advantage,
+    group): ``samples.jsonl`` in the run dir, a wandb table, a few in report.md; chosen evenly
+    over the step's samples (diagnostics/samples.py). 0 = none. Default 4: a few KB a step
+    (verl's ``log_val_generations`` and TRL's ``log_completions`` are off by default; the
+    report needs them, and reading what the model wrote is the first check of a strange curve)."""
 
 
 @dataclass

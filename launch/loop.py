@@ -14,7 +14,8 @@ the rollout group derives one per worker (rollout/seeding.py). With
 ``algorithm.dynamic_sampling.enabled`` (DAPO), collapsed groups are dropped and more prompts
 generated, for at most ``max_rounds`` rounds per step; the advantage stage still sees them all.
 Prompts come from ``trainer.prompt_sampler`` (launch/sampler.py: uniform passes, or weighted by
-each prompt's collapse history, which the sampler gets after every step).
+each prompt's collapse history, which the sampler gets after every step). ``logger.samples``
+of each step's rollouts are logged whole (diagnostics/samples.py: samples.jsonl, wandb).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from diagnostics.samples import SamplesSink, sample_records
 from diagnostics.sinks import (
     ConsoleSink,
     JsonlSink,
@@ -39,7 +41,7 @@ from diagnostics.sinks import (
 )
 from launch.config import TrainConfig
 from launch.heldout import evaluate_held_out
-from launch.resume import CheckpointFailed, Stopped, fingerprint, truncate_metrics
+from launch.resume import CheckpointFailed, Stopped, fingerprint, truncate_logs
 from launch.rollouts import Rollouts
 from launch.sampler import mixed_token_share
 from launch.stages import Stages
@@ -67,6 +69,7 @@ class Trainer:
         self.health = VerifierHealth(cfg.verifier.alert_frac)
         self.rollout, self.learner, self.weights = stages.rollout, stages.learner, stages.weights
         self.accuracy_start: float | None = None
+        self.samples: list[dict] = []  # the last step's rollouts to log whole (logger.samples)
         self.resumed_row: dict = {}  # restore(): the logged row of the checkpoint's step
         self.wandb_run_id: str | None = None  # logger.wandb: the run's, kept in checkpoints
         # trainer.async=one_step: the next step's rollouts, generated while this step trains
@@ -201,13 +204,16 @@ class Trainer:
             prefetch = self.prefetcher.submit(self.collect, step + 1, first)
         with timer("advantage"):
             verdicts, mixed = self.mix_rewards(r)
-            batch, metrics, collapsed = self.stage.process(
+            out = self.stage.process(
                 r.groups, verdicts, prompt_keys=[p.uid for p in r.problems], trained=r.trained
             )
-            metrics |= mixed | self.observe_collapse(r, collapsed)
+            metrics = out.metrics | mixed | self.observe_collapse(r, out.collapsed)
+        self.samples = sample_records(
+            step, r, out.rewards, out.advantages, self.cfg.logger.samples, self.task.reward_range[1]
+        )
         with timer("learner"):
             self.weights.before_update()  # colocated on GPUs: the engines sleep
-            metrics |= self.learner.train_on(batch, learner_version=step - 1)
+            metrics |= self.learner.train_on(out.batch, learner_version=step - 1)
         with timer("prefetch_wait"):  # one-step mode: the next step's rollouts
             if prefetch is not None:
                 self.pending = prefetch.result()  # before the sync: the engines are free again
@@ -254,6 +260,7 @@ class Trainer:
                 if (t.eval_every and step % t.eval_every == 0) or last:
                     with sink.phase(self.eval_phase()) as show:
                         metrics |= self.evaluate(step, show)
+                sink.log_samples(step, self.samples)
                 sink.log(step, metrics)  # before the checkpoint: a resume never loses a row
                 stopping = self.stop_reason is not None and not last
                 if (t.save_every and step % t.save_every == 0) or last or stopping:
@@ -275,6 +282,8 @@ class Trainer:
     def open_sinks(self, start: int) -> MultiSink:
         lg = self.cfg.logger
         sinks: list = [JsonlSink(self.run_dir / "metrics.jsonl")]
+        if lg.samples:
+            sinks.append(SamplesSink(self.run_dir / "samples.jsonl"))
         if lg.console:
             console = ConsoleSink(
                 self.cfg.trainer.total_steps, progress=lg.progress, write=self.log, start=start
@@ -327,7 +336,7 @@ class Trainer:
         returns the step to continue after (0 for a fresh run, whose run directory may hold
         the rows of an attempt that died before its first checkpoint: they move aside)."""
         if self.resume_from is None:
-            truncate_metrics(self.run_dir / "metrics.jsonl", -1)
+            truncate_logs(self.run_dir, -1)
             return 0
         state = self.learner.load_checkpoint(str(self.resume_from))
         step = int(state["step"])
@@ -346,7 +355,7 @@ class Trainer:
         if pending is not None and self.one_step:
             self.pending = Rollouts.from_state(pending, {p.uid: p for p in self.task.train})
         self.weights.sync(step)
-        self.resumed_row = truncate_metrics(self.run_dir / "metrics.jsonl", step)
+        self.resumed_row = truncate_logs(self.run_dir, step)
         self.log(f"resumed from {self.resume_from} at step {step}")
         return step
 

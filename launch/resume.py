@@ -189,11 +189,23 @@ def resume_problem(
     return None
 
 
+LOGS = ("metrics.jsonl", "samples.jsonl")
+"""The run directory's per-step logs (rows with ``step``), cut back together on resume."""
+
+
+def truncate_logs(run_dir: Path, step: int) -> dict:
+    """:func:`truncate_metrics` on each of :data:`LOGS` (``samples.jsonl``: several rows a step,
+    ``logger.samples``); returns metrics.jsonl's kept row of ``step``."""
+    kept = [truncate_metrics(Path(run_dir) / name, step) for name in LOGS]
+    return kept[0]
+
+
 def truncate_metrics(path: Path, step: int) -> dict:
     """Keep the rows of steps <= ``step`` (those the checkpoint covers); rows of later steps
-    (written before the run stopped, about to be recomputed) move to ``metrics.pre_resume.jsonl``
-    so nothing is lost and ``metrics.jsonl`` has each step once. Returns the kept row of
-    ``step`` (empty if none): a finished run's final metrics when no step is left to run."""
+    (written before the run stopped, about to be recomputed) move to ``<name>.pre_resume.jsonl``
+    (``metrics.pre_resume.jsonl``) so nothing is lost and the file has each step once; the run
+    then appends. Returns the kept row of ``step`` (the last, if several; empty if none): a
+    finished run's final metrics when no step is left to run."""
     if not path.exists():
         return {}
     keep, moved, last = [], [], {}
@@ -204,7 +216,7 @@ def truncate_metrics(path: Path, step: int) -> dict:
             if row["step"] == step:
                 last = row
     if moved:
-        with path.with_name("metrics.pre_resume.jsonl").open("a") as f:
+        with path.with_name(f"{path.stem}.pre_resume.jsonl").open("a") as f:
             f.writelines(moved)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(keep))

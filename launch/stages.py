@@ -15,6 +15,7 @@ from pathlib import Path
 from comm.actors import ActorDied, ActorGroupError, settle, spawn_actor_group
 from comm.hub import ModelRef
 from launch.cluster import actor_resources, init_ray, plan_threads, reserve
+from launch.cluster_fit import scale_cpu
 from launch.config import TrainConfig, learner_seed
 from launch.models.bootstrap import resolve_model
 from launch.models.dtype import resolve_dtype
@@ -68,8 +69,10 @@ class Verifier:
 
     def _spawn(self):
         specs = reward_functions(self.cfg)
+        scale = self.placement.cpu_scale if self.placement else 1.0  # launch/cluster_fit.py
+        cpus = scale_cpu(1.0, scale)
         return spawn_actor_group(
-            VerifierActor, 1, self.cfg.verifier, specs, num_cpus=1, placement=self.placement
+            VerifierActor, 1, self.cfg.verifier, specs, num_cpus=cpus, placement=self.placement
         )[0]
 
     def verify(self, groups: list[Group], problems: list[Problem], task: Task, truncated: str):
@@ -194,6 +197,8 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
         for name in checkpoint.clean_stale(ckpt_root):
             log(f"removed {ckpt_root / name}: a partial checkpoint of an interrupted write")
     resume_from = resolve_resume(cfg, ckpt_root)
+    if train and resume_from is None and cfg.trainer.resume == "auto":
+        log(f"trainer.resume=auto: no checkpoint in {ckpt_root}; starting at step 0")
     resolve_dtype(cfg.model, log)  # auto: launch.train chose before config.yaml; evaluate here
     model = resolve_model(cfg.model, log)  # a hub id: its commit, loaded by every actor
     model_path = model.folder
@@ -216,7 +221,7 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
     )
     init_ray(cfg)
     placement = reserve(
-        cfg, ("rollout", "verifier", "learner") if train else ("rollout", "verifier")
+        cfg, ("rollout", "verifier", "learner") if train else ("rollout", "verifier"), log
     )
     rollout, learner, weights = start_generation_and_learner(cfg, model, placement, train, log)
     verifier = Verifier(cfg, placement["verifier"], log)
@@ -235,7 +240,7 @@ def tasks_of(cfg: TrainConfig, tokenizer, train: bool, log=print) -> tuple[Task,
     if task.train:
         log(f"prompt example (as the model sees it): {task.train[0].prompt!r}")
     eval_sets = {
-        name: (_rendered(make_task(tc), tc, tokenizer), tc)
+        name: (_rendered(make_task(tc, _eval_key(name)), tc, tokenizer), tc)
         for name, tc in cfg.trainer.eval_tasks.items()
     } or {None: (task, cfg.task)}
     for name, (t, _) in eval_sets.items():
@@ -268,7 +273,7 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
         cfg.model.dtype,
         placement=placement["rollout"],
         wait=False,  # vLLM starts (~30 s on CPU) while the learner ranks do
-        resources=actor_resources(cfg, "rollout"),
+        resources=actor_resources(cfg, "rollout", placement["rollout"]),
         threads=threads.rollout,
         cpus=threads.rollout_cpus,
         sleep_mode=cfg.cluster.colocate,
@@ -288,7 +293,7 @@ def start_generation_and_learner(cfg: TrainConfig, model: str | ModelRef, placem
             dtype=cfg.model.dtype,
             temperature=sampling.temperature,
             placement=placement["learner"],
-            resources=actor_resources(cfg, "learner"),
+            resources=actor_resources(cfg, "learner", placement["learner"]),
             threads=threads.learner,
         ),
         engines_first=sleeps,

@@ -17,10 +17,10 @@ the head's dashboard HTTP address (``http://HEAD:8265``), not the GCS address (`
 
 Secrets: none are put in the job. The runtime env carries only ``PYTHONUNBUFFERED=1``; API keys
 (``WANDB_API_KEY``, ``HF_TOKEN``, ...) set where you submit are NOT forwarded: the cluster's nodes
-read them from their own environment (set them where the head and workers start). ``.env`` files
-are excluded from the upload. A Ray auth token (token authentication) is read, as ``ray.init``
-does, from ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token`` and only sent in
-the requests' HTTP header.
+read them from their own environment (set them where the head and workers start). ``.env*``,
+``.netrc``, ``*.pem`` and ``*.key`` files are left out of the upload. A Ray auth token (token
+authentication) is read, as ``ray.init`` does, from ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
+``~/.ray/auth_token`` and only sent in the requests' HTTP header.
 
 ``trainer.run_dir`` should be an absolute path on storage the head can write (shared for
 multi-node checkpoints): the job's working directory is Ray's temporary unpacked copy.
@@ -49,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout, or site-packages whe
 PACKAGES = ("comm", "rollout", "reward", "learner", "diagnostics", "launch", "conf")  # shipped
 EXCLUDES = [
     ".venv", ".git", "outputs", "multirun", "wandb", "build", "__pycache__", "*.egg-info",
-    ".ruff_cache", ".pytest_cache", ".hypothesis", ".env",
+    ".ruff_cache", ".pytest_cache", ".hypothesis",
+    ".env*", ".netrc", "*.pem", "*.key",  # secrets: never uploaded
 ]  # fmt: skip
 ENV_VARS = {"PYTHONUNBUFFERED": "1"}  # launch.cluster.init_ray adds TOKENIZERS_PARALLELISM
 # itself when absent (Ray refuses a job driver whose runtime env repeats a job env var key).
@@ -74,17 +75,14 @@ def resolve_address(arg: str | None) -> str:
 
 
 def check_overrides(overrides: list[str]) -> str | None:
-    """Compose and validate the config like launch.train; return trainer.run_dir."""
-    from hydra import compose, initialize_config_dir
-
-    from launch.validation import COMPOSE_ERRORS, to_train_config
+    """Compose and validate the config as launch.train does (a problem: the one line it prints,
+    exit 2); return trainer.run_dir."""
+    from launch.validation import ConfigError, compose_config
 
     try:
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = to_train_config(compose("config", overrides=overrides))
-    except COMPOSE_ERRORS as err:
-        cause = "\n  " + str(err.__cause__).replace("\n", "\n  ") if err.__cause__ else ""
-        fail(f"config error: {err}{cause}\nnothing was submitted")
+        cfg = compose_config(overrides)
+    except ConfigError as err:
+        fail(f"config error: {err}; nothing was submitted")
     return cfg.trainer.run_dir
 
 

@@ -11,6 +11,7 @@ the resolved ``config.yaml`` and ``metrics.jsonl``.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from signal import SIGINT, SIGTERM
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from launch.validation import exit_on_config_error, to_train_config
+from launch.validation import exit_on_config_error, overrides_of, to_train_config
 
 
 class stop_on_signals(contextlib.AbstractContextManager):
@@ -62,9 +63,11 @@ def main(raw: DictConfig) -> None:
 
     from launch.models.bootstrap import pin_revision
     from launch.models.dtype import resolve_dtype
+    from launch.validation import refuse_unread
 
     with exit_on_config_error():
         cfg = to_train_config(raw)
+        refuse_unread(cfg, list(HydraConfig.get().overrides.task))  # a --multirun job's too
         pin_revision(cfg.model)  # a hub id: the commit its revision names now, in config.yaml
         resolve_dtype(cfg.model)  # auto: this machine's choice, in config.yaml
     run_dir = Path(cfg.trainer.run_dir or HydraConfig.get().runtime.output_dir)
@@ -77,7 +80,7 @@ def main(raw: DictConfig) -> None:
     from launch.stages import build_stages
     from launch.validation import ConfigError
 
-    resume = " ".join(["python -m launch.train", *sys.argv[1:], "trainer.resume=auto"])
+    resume = resume_command(sys.argv[1:], run_dir)
     log = lambda line: print(line, flush=True)  # noqa: E731
     with exit_on_config_error(), stop_on_signals() as stop:
         stages = build_stages(cfg, run_dir, log=log)  # a bad config or file: exit 2, no actor
@@ -109,6 +112,12 @@ def main(raw: DictConfig) -> None:
             from launch.ray_dirs import shutdown_ray
 
             shutdown_ray()
+    print_end(cfg, final, run_dir)
+
+
+def print_end(cfg, final: dict, run_dir: Path) -> None:
+    """The run's last lines: held-out accuracy, where its files are, the trained model's Hugging
+    Face folder and the command that evaluates it."""
     start = final["eval/accuracy_start"]
     print(
         f"held-out accuracy: {start:.3f} at step 0 -> "
@@ -116,28 +125,30 @@ def main(raw: DictConfig) -> None:
         f"metrics in {run_dir / 'metrics.jsonl'}"
         + (f"; report in {run_dir / 'report.md'}" if cfg.logger.report else "")
     )
+    latest = run_dir / "checkpoints" / "latest"
+    if latest.exists():
+        ckpt = (latest.parent / latest.read_text().strip()).resolve()
+        print(f"trained model (a Hugging Face folder): {ckpt / 'model'}")
+        print(f"evaluate it: {command_with('launch.evaluate', sys.argv[1:], ckpt)}", flush=True)
 
 
-VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path",
-               "-cp", "--config-dir", "-cd", "--info", "-i")  # fmt: skip
-"""Hydra's flags that take a value (never an override)."""
+def resume_command(argv: list[str], run_dir: Path) -> str:
+    """The command that continues this run, shell-quoted: its own arguments with the run
+    directory pinned (the default is a new timestamped folder per start) and ``resume=auto``.
 
-
-def overrides_of(argv: list[str]) -> list[str]:
-    """The Hydra overrides among command-line arguments.
-
-    >>> overrides_of(["--cfg", "job", "algorithm=grpo", "-p", "trainer", "--validate", "x=1"])
-    ['algorithm=grpo', 'x=1']
+    >>> resume_command(["model.path=/m x", "trainer.resume=null"], Path("/r/out 1"))
+    "python -m launch.train 'model.path=/m x' 'trainer.run_dir=/r/out 1' trainer.resume=auto"
     """
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in VALUE_FLAGS:
-            skip = True
-        elif not arg.startswith("-"):
-            out.append(arg)
-    return out
+    return command_with("launch.train", argv, "auto", run_dir)
+
+
+def command_with(module: str, argv: list[str], resume: Path | str, run_dir: Path | None = None):
+    """``python -m <module>`` with this run's arguments, ``trainer.resume`` (and the run dir)
+    replaced, shell-quoted."""
+    replaced = ("trainer.run_dir=", "+trainer.run_dir=", "trainer.resume=", "+trainer.resume=")
+    kept = [a for a in argv if not a.startswith(replaced)]
+    pinned = [f"trainer.run_dir={run_dir.resolve()}"] if run_dir else []
+    return shlex.join(["python", "-m", module, *kept, *pinned, f"trainer.resume={resume}"])
 
 
 def validate(overrides: list[str], *, data: bool = True) -> list[str]:
@@ -146,33 +157,19 @@ def validate(overrides: list[str], *, data: bool = True) -> list[str]:
     downloaded); exit 2 with one line on the first problem. No actor, no model loaded, no Ray.
     ``data=False`` (``--cfg`` and a plain run's first check) reads no file and asks no hub, and
     returns the data files that are not there, each once."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     from launch.models.bootstrap import check_model_path
-    from launch.schema_keys import renamed
-    from launch.validation import ConfigError
+    from launch.validation import compose_config, task_configs
     from reward.data import data_paths
     from reward.tasks import data_files, make_task
 
-    conf = Path(__file__).resolve().parents[1] / "conf"
     with exit_on_config_error():
-        for override in overrides:  # before Hydra, whose error would not name the new key
-            if renamed(override.split("=", 1)[0]):
-                raise ConfigError(renamed(override.split("=", 1)[0]))
-        try:
-            with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-                cfg = to_train_config(compose("config", overrides=overrides))
-        except (HydraException, OmegaConfBaseException) as err:
-            cause = f" ({str(err.__cause__).splitlines()[0]})" if err.__cause__ else ""
-            raise ConfigError(str(err).splitlines()[0] + cause) from None
-        tasks = (cfg.task, *cfg.trainer.eval_tasks.values())
+        cfg = compose_config(overrides)  # one line per problem, unread keys too (validation.py)
+        tasks = task_configs(cfg)  # key -> task: errors name an eval task's own key
         if not data:
-            missing = [f for t in tasks for f in data_files(t) if not data_paths(f)]
+            missing = [f for t in tasks.values() for f in data_files(t) if not data_paths(f)]
             return list(dict.fromkeys(missing))  # a file two tasks read, once
-        for task in tasks:
-            make_task(task)
+        for key, task in tasks.items():
+            make_task(task, key)
         check_model_path(cfg.model)
     return []
 

@@ -25,10 +25,17 @@ the loss, so none counts in the loss's denominator; and it is counted on its own
 ``reward/verifier_*_frac``. (With
 ``algorithm.reward.verifier`` 0, rewards purely intrinsic, a verifier fault changes no reward.)
 
-It returns the batch and the step's ``acr/*``, ``avspo/*``, ``reward/*`` and
-``response_length/*`` metrics. ``reward/mean`` and ``response_length/mean`` cover every generated
-sample (comparable across methods; the trigger's J_t is ``reward/mean``); their ``*_trained``
-variants and ``acr/trained`` cover the trained groups (DAPO's selection; the same otherwise).
+It returns the batch, the step's ``acr/*``, ``avspo/*``, ``reward/*``, ``response_length/*``,
+``prompt_length/*`` and ``advantage/*`` metrics, and every generated sample's reward and
+advantage (the driver logs a few of them whole: diagnostics/samples.py). ``reward/mean``,
+``response_length/{mean,max,min}`` and ``prompt_length/{mean,max,min}`` (each sample's prompt
+tokens, as verl's) cover every generated sample (comparable across methods; the trigger's J_t is
+``reward/mean``); their ``*_trained`` variants and ``acr/trained`` cover the trained groups
+(DAPO's selection; the same otherwise). ``advantage/{mean,max,min}`` are over samples, one value
+each (not token-weighted, unlike verl's ``critic/advantages/*``), of the samples whose tokens
+enter the loss (trained groups, less verifier faults and DAPO's overlong filter; null when
+none): GRPO's mean is 0 per group, so a non-zero mean is what AVSPO's virtual samples or DCPO's
+history added.
 
 >>> from learner.config import AlgorithmConfig
 >>> stage = AdvantageStage(AlgorithmConfig(), reward_range=(0.0, 1.0), seed=0)
@@ -127,10 +134,41 @@ def _pick(keys: list[str] | None, mask: Tensor) -> list[str] | None:
     return None if keys is None else [k for k, m in zip(keys, mask.tolist(), strict=True) if m]
 
 
+def spread(name: str, values: Tensor, stats=("mean", "max", "min")) -> dict[str, float]:
+    """``name/mean``, ``name/max``, ``name/min`` of ``values`` (NaN, logged as null, when empty).
+
+    >>> spread("prompt_length", torch.tensor([3, 5, 4]))
+    {'prompt_length/mean': 4.0, 'prompt_length/max': 5.0, 'prompt_length/min': 3.0}
+    """
+    v = values.double()
+    got = {"mean": v.mean, "max": v.max, "min": v.min}
+    return {f"{name}/{s}": float(got[s]()) if len(v) else float("nan") for s in stats}
+
+
+def length_metrics(
+    groups: list[Group], lengths: Tensor, truncated: Tensor, trained: Tensor
+) -> dict:
+    """``response_length/{mean,max,min,clip_ratio}`` and ``prompt_length/{mean,max,min}`` (each
+    sample's prompt tokens) over every generated sample; ``response_length/mean_trained`` over
+    the ``trained`` ones (``[N]`` bools)."""
+    sizes = torch.tensor([len(g.samples) for g in groups])
+    prompt_lengths = torch.tensor([len(g.prompt_ids) for g in groups]).repeat_interleave(sizes)
+    return (
+        {
+            "response_length/mean_trained": float(lengths[trained].double().mean()),
+            "response_length/clip_ratio": float(truncated.double().mean()),
+        }
+        | spread("response_length", lengths)
+        | spread("prompt_length", prompt_lengths)
+    )
+
+
 class StageOutput(NamedTuple):
     batch: TrainBatch
     metrics: dict[str, float]
     collapsed: list[bool]  # per generated group, in order
+    rewards: Tensor  # [N] every generated sample's reward as the estimator saw it, sample order
+    advantages: Tensor  # [N] every generated sample's advantage (0: not trained, or faulted)
 
 
 class AdvantageStage:
@@ -182,9 +220,10 @@ class AdvantageStage:
         trained: list[bool] | None = None,
     ) -> StageOutput:
         """One step: every generated group and its verdicts (``.score``, ``.reason``; sample
-        order) -> the train batch of the ``trained`` groups (default: all), the metrics, and
-        which of every generated group collapsed (as the ACR monitor counts them; a group with
-        a verifier fault is not counted, the module docstring says why)."""
+        order) -> the train batch of the ``trained`` groups (default: all), the metrics, which
+        of every generated group collapsed (as the ACR monitor counts them; a group with a
+        verifier fault is not counted, the module docstring says why), and every sample's
+        reward and advantage."""
         sizes = torch.tensor([len(g.samples) for g in groups])
         group_ids = torch.arange(len(groups)).repeat_interleave(sizes)  # [N]
         rewards, lengths, truncated = self._rewards(groups, verdicts)
@@ -210,27 +249,26 @@ class AdvantageStage:
         )
         metrics |= acr
         trained_rows = keep[group_ids]
-        metrics |= extra_metrics([v.extra for v in verdicts])
-        metrics |= verifier_metrics([v.reason for v in verdicts]) | {
+        reasons = [v.reason for v in verdicts]
+        metrics |= extra_metrics([v.extra for v in verdicts]) | verifier_metrics(reasons)
+        metrics |= length_metrics(groups, lengths, truncated, trained_rows) | {
             "verifier/faulted_groups": float((~known).sum()),
             "verifier/faulted_group_frac": float((~known).double().mean()),
             "acr/trained": result.acr if result is not None else 0.0,
             "reward/mean": float(rewards.double().mean()),
             "reward/mean_trained": float(rewards[trained_rows].double().mean()),
-            "response_length/mean": float(lengths.double().mean()),
-            "response_length/mean_trained": float(lengths[trained_rows].double().mean()),
-            "response_length/clip_ratio": float(truncated.double().mean()),
         }
         out = ~known_rows  # a faulted group's tokens stay out of the loss (and its denominator)
         if self.cfg.overlong.filter:
             out |= truncated
+        metrics |= spread("advantage", advantages[trained_rows & ~out])
         batch = build_batch(
             [g for g, k in zip(groups, keep.tolist(), strict=True) if k],
             advantages[trained_rows],
             pad_id=self.pad_id,
             masked_out=out[trained_rows],
         )
-        return StageOutput(batch, metrics, collapsed)
+        return StageOutput(batch, metrics, collapsed, rewards, advantages)
 
     def _monitor(self, rewards, advantages, lengths, sizes, known, prompt_keys, stats):
         """The ACR monitor's step over the ``known`` groups (no verifier fault): its metrics and

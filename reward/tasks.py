@@ -152,12 +152,12 @@ class TaskConfig:
     def check(self) -> str | None:
         if not self.reward_lo < self.reward_hi:
             return f"reward_lo={self.reward_lo} must be < reward_hi={self.reward_hi}"
-        if self.train_file and not self.test_file:
-            return "train_file needs test_file (local files replace task.dataset, both splits)"
+        if self.train_file and not self.test_file:  # keys relative: the caller names the task
+            return "train_file: needs test_file too (local files replace dataset, both splits)"
         if self.name in FILE_TASKS and not (self.test_file or self.dataset):
             return (
-                f"task {self.name!r} reads a dataset: set task.dataset (a hub id) or "
-                "task.test_file (and task.train_file to train on it)"
+                f"dataset: task {self.name!r} reads a dataset: set it (a hub id) or "
+                "test_file (and train_file to train on it)"
             )
         if "{question}" not in self.prompt_template:
             return "prompt_template must contain {question}"
@@ -203,7 +203,7 @@ def _prompt(cfg: TaskConfig, question: str) -> str:
     return cfg.prompt_template.replace("{question}", question)
 
 
-def _arithmetic(cfg: TaskConfig) -> Task:
+def _arithmetic(cfg: TaskConfig, key: str) -> Task:
     def problems(split: str, n: int) -> list[Problem]:
         return [
             Problem(
@@ -298,21 +298,25 @@ def load_problems(
     return problems, skipped
 
 
-def _split(cfg: TaskConfig, file: str | None, split: str | None, limit: int):
-    """One split's problems: local files (``task.test_file`` set: the files replace the
-    dataset), else the dataset's split, else none."""
+def _split(cfg: TaskConfig, key: str, which: str, split: str | None, limit: int):
+    """One split's problems (``which``: train or test; errors name the task's ``key``): local
+    files (``test_file`` set: the files replace the dataset), else the dataset's split."""
+    file = getattr(cfg, f"{which}_file")
     if cfg.test_file:
-        return load_problems(file, file_rows(file), cfg, limit) if file else ([], 0)
+        if not file:
+            return [], 0
+        return load_problems(file, file_rows(file, f"{key}.{which}_file", cfg.dataset), cfg, limit)
     if cfg.dataset and split:
         source = ":".join(x for x in (cfg.dataset, cfg.dataset_config, split) if x)
-        return load_problems(source, hub_rows(cfg.dataset, cfg.dataset_config, split), cfg, limit)
+        rows = hub_rows(cfg.dataset, cfg.dataset_config, split, f"{key}.dataset")
+        return load_problems(source, rows, cfg, limit)
     return [], 0
 
 
-def _from_files(cfg: TaskConfig) -> Task:
+def _from_files(cfg: TaskConfig, key: str) -> Task:
     train_split = None if cfg.name in TEST_ONLY_TASKS else cfg.train_split
-    train, skipped_train = _split(cfg, cfg.train_file, train_split, cfg.num_train)
-    test, skipped_test = _split(cfg, cfg.test_file, cfg.test_split, cfg.num_test)
+    train, skipped_train = _split(cfg, key, "train", train_split, cfg.num_train)
+    test, skipped_test = _split(cfg, key, "test", cfg.test_split, cfg.num_test)
     return Task(
         cfg.name,
         _verifier(cfg),
@@ -324,7 +328,7 @@ def _from_files(cfg: TaskConfig) -> Task:
     )
 
 
-def _reasoning_gym(cfg: TaskConfig) -> Task:
+def _reasoning_gym(cfg: TaskConfig, key: str) -> Task:
     import reasoning_gym
 
     want = cfg.num_train + cfg.num_test
@@ -362,7 +366,8 @@ def _reasoning_gym(cfg: TaskConfig) -> Task:
     )
 
 
-TASKS: dict[str, Callable[[TaskConfig], Task]] = {
+# by name: the builder of a task from its config and its key (what its errors name)
+TASKS: dict[str, Callable[[TaskConfig, str], Task]] = {
     "arithmetic": _arithmetic,
     "gsm8k": _from_files,
     "math": _from_files,
@@ -382,8 +387,10 @@ def data_files(cfg: TaskConfig) -> list[str]:
     return [f for f in (cfg.train_file, cfg.test_file) if f] if cfg.name in FILE_TASKS else []
 
 
-def make_task(cfg: TaskConfig) -> Task:
+def make_task(cfg: TaskConfig, key: str = "task") -> Task:
+    """The task ``cfg`` describes; errors name ``key`` (e.g. ``trainer.eval_tasks.math500``)."""
     problem = cfg.check()
-    if problem:
-        raise ValueError(f"task: {problem}")
-    return TASKS[cfg.name](cfg)
+    if problem:  # "dataset: ..." -> "task.dataset: ..."
+        field_named = problem.split(":", 1)[0] in TaskConfig.__dataclass_fields__
+        raise ValueError(f"{key}.{problem}" if field_named else f"{key}: {problem}")
+    return TASKS[cfg.name](cfg, key)

@@ -40,6 +40,16 @@ STEP_KEYS = SECTION5 | {
     "actor/grad_clip_frac_all_steps",
     "rollout/lagged_token_frac",
     "response_length/clip_ratio",
+    # what users' dashboards look for (verl's critic/advantages/*, response_length/{max,min},
+    # prompt_length/*; TRL's completions/{min,max}_length): docs/metrics.md's table
+    "response_length/max",
+    "response_length/min",
+    "prompt_length/mean",
+    "prompt_length/max",
+    "prompt_length/min",
+    "advantage/mean",
+    "advantage/max",
+    "advantage/min",
     "actor/pg_loss",
     "actor/kl_loss",
     "actor/entropy",
@@ -58,3 +68,10 @@ STEP_KEYS = SECTION5 | {
     "timing_s/other",
     "timing_s/step",
 }
+
+# The fields of each samples.jsonl record (logger.samples: diagnostics/samples.py), in order.
+SAMPLE_FIELDS = [
+    "step", "group_id", "sample", "prompt_uid", "prompt", "response", "reference", "reward",
+    "score", "verdict", "correct", "advantage", "group_rewards", "trained", "finish_reason",
+    "response_tokens",
+]  # fmt: skip

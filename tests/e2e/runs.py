@@ -77,12 +77,18 @@ def deterministic(row: dict) -> dict:
 STARTED: list[subprocess.Popen] = []  # start_train's runs: stopped at the end if still going
 
 
-def start_train(run_dir: Path, *overrides: str) -> subprocess.Popen:
+def start_train(
+    run_dir: Path | None, *overrides: str, cwd: Path = ROOT, argv: list[str] | None = None
+) -> subprocess.Popen:
     """A training run with its own sid (``setsid``: its processes are findable and killable;
-    one still going when the pytest run ends, e.g. on Ctrl-C, is killed: tests/conftest.py)."""
+    one still going when the pytest run ends, e.g. on Ctrl-C, is killed: tests/conftest.py).
+    ``run_dir`` None: Hydra's default, a timestamped folder under ``cwd``/outputs, as a user's
+    run without ``trainer.run_dir``; ``argv``: the whole command instead."""
+    if argv is None:
+        argv = train_cmd(run_dir, *overrides) if run_dir else [*train_cmd(Path())[:3], *overrides]
     proc = subprocess.Popen(
-        train_cmd(run_dir, *overrides),
-        cwd=ROOT,
+        argv,
+        cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from tests.e2e.runs import (
     train_cmd,
     wait_for_row,
 )
+from tests.e2e.samples_check import check_samples, logged
 from tests.metric_names import STEP_KEYS
 
 HF_RUN = [
@@ -41,6 +43,7 @@ HF_RUN = [
     "logger.report=false",
     # its state is in each checkpoint: the resumes below check it continues exactly as well
     "trainer.prompt_sampler=collapse_aware",
+    "logger.samples=16",  # of 64 a step: 2 of every group (tests/e2e/samples_check.py)
 ]
 
 
@@ -77,6 +80,14 @@ def test_the_colocated_default_trains_like_the_split_layout(
                 compared += 1
     assert compared == 6 * 3 + 4  # 6 steps x 3 training keys + eval at steps 0, 2, 4, 6
     _check_collapse_aware_sampler(whole_run)
+
+
+@pytest.mark.slow
+def test_the_logged_rollouts_agree_with_the_metrics_and_the_estimator(whole_run):
+    """``logger.samples=16`` of HF_RUN's 8 groups x 8 samples: every step's records, with every
+    field, their rewards against ``reward/mean`` and ``acr/raw``, their advantages against the
+    references (tests/e2e/samples_check.py)."""
+    check_samples(whole_run, n=16, groups=8, group_size=8)
 
 
 def _check_collapse_aware_sampler(run_dir: Path) -> None:
@@ -288,14 +299,16 @@ def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
     run's numbers. It syncs weights over the collective (gloo) group, the uninterrupted run
     through the object store: both transports deliver the same bits.
 
-    1. SIGKILL the rollout worker once step 1 is logged and the verifier actor once step 2 is:
-       both are restarted (with the current weights), what was lost is regenerated with the
-       same seeds or verified again (``fault/actor_restarts`` 2; a restarted worker makes every
-       member rejoin a new sync group). Then SIGTERM to the driver during step 3: it finishes
-       that step, writes a checkpoint there, shuts every actor down and exits 143 (128 +
-       SIGTERM) printing the resume command; no process of the run remains.
-    2. ``trainer.resume=auto`` continues at step 4; SIGKILL to its whole process group (driver,
-       Ray, actors) as soon as the step-4 checkpoint is committed.
+    1. Started as a user would, without ``trainer.run_dir`` and with ``trainer.resume=auto``
+       (no checkpoint: it says so). SIGKILL the rollout worker once step 1 is logged and the
+       verifier actor once step 2 is: both are restarted (with the current weights), what was
+       lost is regenerated with the same seeds or verified again (``fault/actor_restarts`` 2; a
+       restarted worker makes every member rejoin a new sync group). Then SIGTERM to the driver
+       during step 3: it finishes that step, writes a checkpoint there, shuts every actor down
+       and exits 143 (128 + SIGTERM) printing the resume command; no process of the run
+       remains.
+    2. The printed command, run as printed, continues in the same folder at step 4; SIGKILL to
+       its whole process group (driver, Ray, actors) once the step-4 checkpoint is committed.
     3. ``trainer.resume=auto`` again; SIGKILL a DeepSpeed rank once step 5 is logged: its shards
        and optimizer state are gone, so the run ends (exit 1, not hanging in the live rank's
        collective) with an emergency note naming the intact step-4 checkpoint and the resume
@@ -306,13 +319,18 @@ def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
     Every step's metrics equal the uninterrupted run's, the fault counters aside: the learner
     trained on exactly the same samples, each once (its losses, entropies and token counts
     match); steps 5 and 6, after the last fault, equal it bit for bit. Then ``launch.evaluate``
-    on the uninterrupted run's final checkpoint gives that run's own last greedy evaluation."""
+    as the resumed run's end prints it gives the uninterrupted run's last greedy evaluation."""
     model = fast_tiny_overrides(tiny_model_dir)
-    run = tmp_path / "run"
-    latest = run / "checkpoints" / "latest"
     overrides = (*model, *HF_RUN, "rollout.weight_sync=collective")
-    proc = start_train(run, *overrides)
+    # the first start as a user's, without trainer.run_dir (Hydra's timestamped folder), and
+    # with resume=auto from the start (verl's resume_mode=auto habit): it finds no checkpoint
+    proc = start_train(None, *overrides, "trainer.resume=auto", cwd=tmp_path)
     deadline = time.monotonic() + 600
+    while not list(tmp_path.glob("outputs/*/*/config.yaml")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no run directory"
+        time.sleep(0.05)
+    run = next(tmp_path.glob("outputs/*/*/config.yaml")).parent
+    latest = run / "checkpoints" / "latest"
     for after, actor in ((1, "RolloutWorker"), (2, "VerifierActor")):
         wait_for_row(proc, run, after, deadline)
         _kill_actor(proc.pid, actor)
@@ -322,13 +340,18 @@ def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
     assert max(rows(run)) == 3  # step 3 finished and checkpointed (periodic saves: 2 and 4)
     assert _latest(latest) == "step_000003"
     assert "stopped by SIGTERM after step 3" in stderr and "trainer.resume=auto" in stderr
+    printed = shlex.split(stderr.split("continue with: ")[1].splitlines()[0])
     assert "restarting" in stderr + stdout
+    assert (
+        f"trainer.resume=auto: no checkpoint in {run / 'checkpoints'}; starting at step 0" in stdout
+    )
     assert rows(run)[3]["fault/actor_restarts"] == 2.0
     # the verifier actor killed after step 2's row: counted in the step that restarted it
     assert [rows(run)[s]["reward/verifier_restarts"] for s in (1, 2, 3)] == [0.0, 0.0, 1.0]
     assert processes_left(proc.pid) == []
 
-    proc = start_train(run, *overrides, "trainer.resume=auto")
+    time.sleep(1.0)  # a second later: a start without the run dir would get a folder of its own
+    proc = start_train(None, argv=[sys.executable, *printed[1:]], cwd=tmp_path)  # as printed
     deadline = time.monotonic() + 600
     while _latest(latest) != "step_000004" and proc.poll() is None:
         assert time.monotonic() < deadline, "no step-4 checkpoint"
@@ -357,6 +380,9 @@ def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
     assert "at step 4" in stdout
     a, b = rows(whole_run), rows(run)
     assert sorted(b) == sorted(a) == [0, 1, 2, 3, 4, 5, 6]
+    # the logged rollouts too: each resume cut samples.jsonl back to its checkpoint's step
+    assert logged(run) == logged(whole_run)
+    assert 5 in logged(run, "samples.pre_resume.jsonl")
     faults = ("fault/", "reward/verifier_restarts")  # the killed verifier actor is counted there
     no_faults = lambda r: {k: v for k, v in deterministic(r).items() if not k.startswith(faults)}  # noqa: E731
     for step in a:
@@ -365,12 +391,16 @@ def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
     for step in (5, 6):  # after the last fault: bit-exact, the same floats and keys
         assert deterministic(b[step]) == deterministic(a[step])
 
-    ckpt = whole_run / "checkpoints" / "step_000006"
+    # the end of the run names its model folder and the command that evaluates it: run as
+    # printed, it gives the uninterrupted run's last greedy evaluation (steps 5-6 bit-exact)
+    ckpt = (run / "checkpoints" / "step_000006").resolve()
+    assert f"trained model (a Hugging Face folder): {ckpt / 'model'}" in stdout
+    printed = shlex.split(stdout.split("evaluate it: ")[1].splitlines()[0])
+    assert printed[:3] == ["python", "-m", "launch.evaluate"]
+    assert printed[-1] == f"trainer.resume={ckpt}"
     out = subprocess.run(
-        [sys.executable, "-m", "launch.evaluate", *model, "rollout=hf", f"trainer.resume={ckpt}",
-         "trainer.eval_pass_k=0", f"hydra.run.dir={tmp_path}/eval", *joined_ray],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-        timeout=600,
+        [sys.executable, *printed[1:]], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -27,7 +27,7 @@ def _step(engine, problems, cfg: AlgorithmConfig, params: SamplingConfig):
     stage = AdvantageStage(
         cfg, reward_range=(0.0, 1.0), seed=0, pad_id=engine.tokenizer.pad_token_id
     )
-    batch, metrics, _ = stage.process(groups, verdicts, prompt_keys=[p.uid for p in problems])
+    batch, metrics, *_ = stage.process(groups, verdicts, prompt_keys=[p.uid for p in problems])
     model = engine.model
     model.zero_grad()
     out, logp = microbatch_loss(
@@ -60,8 +60,8 @@ def test_greedy_collapse_gets_a_gradient_from_avspo_only(engine):
     greedy = SamplingConfig(n=8, temperature=0.0)
     grpo = AlgorithmConfig(estimator="grpo", trigger=TriggerConfig(policy="never"))
     avspo = AlgorithmConfig(trigger=TriggerConfig(policy="always"))
-    m_grpo, g_grpo, b_grpo = _step(engine, task.train, grpo, greedy)
-    m_avspo, g_avspo, b_avspo = _step(engine, task.train, avspo, greedy)
+    m_grpo, g_grpo, b_grpo, *_ = _step(engine, task.train, grpo, greedy)
+    m_avspo, g_avspo, b_avspo, *_ = _step(engine, task.train, avspo, greedy)
     assert set(m_avspo) >= SECTION5 | {"acr/trained", "response_length/clip_ratio"}
     assert m_grpo["acr/raw"] == m_avspo["acr/raw"] == 1.0 == m_grpo["acr/trained"]
     assert m_grpo["acr/batch_collapsed"] == 1.0 and m_grpo["acr/effective"] == 1.0
@@ -77,7 +77,7 @@ def test_sampling_at_t_0_6_the_learner_scores_what_was_sampled(engine):
     engine reported T = 1 log-probs while sampling at 0.6 and this failed."""
     task = make_task(TaskConfig(difficulty=2, num_train=8, num_test=1))
     params = SamplingConfig(n=8, temperature=0.6, max_new_tokens=8, seed=3)
-    metrics, grad, batch = _step(engine, task.train, AlgorithmConfig(), params)
+    metrics, grad, batch, *_ = _step(engine, task.train, AlgorithmConfig(), params)
     assert grad > 0 and batch.num_tokens > 0
     plain = engine.generate([task.train[0].prompt], params)[0].samples[0]
     t1 = engine.score(

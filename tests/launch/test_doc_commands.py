@@ -1,8 +1,8 @@
 """Every ``python -m launch.*`` command line in README.md and docs/ runs through ``--validate``:
-its keys, values and cross-field rules (``launch.train.validate``; ``launch.submit``'s own
-check for submit lines; the experiment and flags for ``launch.reproduce``; the arguments for
-``launch.analyze``). Documented failures (a ``# config error: ...`` line under the command)
-must fail with that message.
+its keys, values and cross-field rules (``launch.train.validate``, for ``launch.prepare_data``
+lines too; ``launch.submit``'s own check for submit lines; the experiment and flags for
+``launch.reproduce``; the arguments for ``launch.analyze``). Documented failures (a ``# config
+error: ...`` line under the command) must fail with that message.
 
 Not checked here: data files (the docs name files on the reader's machine, such as
 /data/gsm8k/train.jsonl: ``--validate`` reads them there), and ``model.path`` when it is a hub id
@@ -31,6 +31,7 @@ PLACEHOLDERS = {
     "reproduce <exp> --report-only", "reproduce <experiment>", "reproduce NAME",
     "reproduce <experiment> --report-only",
     "submit [overrides]", "train --validate [overrides]", "train [overrides]",
+    "prepare_data [overrides]",
     "reproduce",  # a heading naming the module
 }  # fmt: skip
 CHOICE = re.compile(r"<([\w.-]+(?:\s*\|\s*[\w.-]+)+)>")
@@ -95,7 +96,7 @@ def validate_command(module: str, args: list[str]) -> None:
     """Raise SystemExit(2) (with the message on stderr) as the command's own check would."""
     from launch.train import overrides_of, validate
 
-    if module in ("train", "evaluate", "bootstrap"):
+    if module in ("train", "evaluate", "bootstrap", "prepare_data"):
         overrides = [re.sub(r"<(\w+)>", r"\1", o) for o in overrides_of(args)]
         for run in sweep(overrides, bool({"--multirun", "-m"} & set(args))):
             validate(run, data=False)

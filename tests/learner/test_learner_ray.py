@@ -254,7 +254,7 @@ def test_advantage_stage_batch_trains_on_the_learner(learner, tiny_model_dir):
         AlgorithmConfig(trigger=TriggerConfig(policy="always")), reward_range=(0.0, 1.0), seed=0
     )
     before = _weights(learner)
-    train, metrics, _ = stage.process(groups, _COLLAPSED, prompt_keys=["a", "b", "c", "d"])
+    train, metrics, *_ = stage.process(groups, _COLLAPSED, prompt_keys=["a", "b", "c", "d"])
     metrics |= learner.train_on(train)
     after = _weights(learner)
     names = SECTION5 | {"actor/pg_loss", "actor/grad_norm", "actor/lr", "timing_s/update"}
@@ -275,7 +275,7 @@ def test_all_collapsed_batch_gives_no_gradient_under_grpo(learner, tiny_model_di
     groups = _engine_groups(groups, batch, logprob=-1.0)
     grpo = AlgorithmConfig(estimator="grpo", trigger=TriggerConfig(policy="never"))
     stage = AdvantageStage(grpo, reward_range=(0.0, 1.0), seed=0)
-    train, metrics, _ = stage.process(groups, _COLLAPSED)
+    train, metrics, *_ = stage.process(groups, _COLLAPSED)
     metrics |= learner.train_on(train)
     assert metrics["acr/raw"] == 1.0 and metrics["acr/effective"] == 1.0
     assert metrics["avspo/triggered"] == 0.0

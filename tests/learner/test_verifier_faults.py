@@ -30,7 +30,7 @@ def _step(cfg: AlgorithmConfig):
 
 @pytest.mark.parametrize("cfg", [RELEASE, AVSPO], ids=["avspo_release", "avspo"])
 def test_a_group_of_timeouts_is_not_pushed_down_nor_counted_collapsed(cfg):
-    batch, m, collapsed = _step(cfg)
+    batch, m, collapsed, *_ = _step(cfg)
     adv = batch.advantages.tolist()
     # old code: g0 looked all-wrong (collapsed at r_lo), was augmented with a positive virtual
     # sample and every response in it, the right ones too, got a negative advantage
@@ -55,7 +55,7 @@ def test_one_timeout_faults_its_group_and_a_right_response_there_is_never_pushed
     ]
     for cfg in (RELEASE, AVSPO):
         stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
-        batch, m, collapsed = stage.process(groups, verdicts)
+        batch, m, collapsed, *_ = stage.process(groups, verdicts)
         right = [i for i, v in enumerate(verdicts) if v.score == 1.0]
         assert all(batch.advantages[i] >= 0 for i in right)
         assert batch.advantages.abs().sum() == 0  # both groups faulted
@@ -90,7 +90,7 @@ def test_a_faulted_group_leaves_the_loss_and_the_trigger_mean(cfg, monkeypatch):
     groups = groups_of([[3] * 4] * 3)
     verdicts = [V(0.0, "timeout")] * 4
     verdicts += [V(1.0), V(0.0, "wrong"), V(1.0), V(0.0, "wrong")] + [V(0.0, "wrong")] * 4
-    batch, m, _ = stage.process(groups, verdicts, prompt_keys=["a", "b", "c"])
+    batch, m, *_ = stage.process(groups, verdicts, prompt_keys=["a", "b", "c"])
     assert seen == [0.25]
     assert batch.response_mask[:4].sum() == 0  # g0: no token in the loss
     assert batch.response_mask[4:].sum() == 8 * 3  # the others: every response token

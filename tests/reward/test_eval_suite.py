@@ -371,7 +371,7 @@ def test_presets_compose_and_validate(name):
 
 @pytest.mark.parametrize("name", TEST_ONLY_TASKS)
 def test_test_only_tasks_need_a_dataset_or_a_test_file(name):
-    said = r"task: .*set task\.dataset \(a hub id\) or task\.test_file"
+    said = r"^task\.dataset: .*set it \(a hub id\) or test_file"
     with pytest.raises(ConfigError, match=said):
         load(f"task={name}", "task.dataset=null")
 

@@ -130,7 +130,7 @@ def test_bad_row_names_file_row_and_reason(tmp_path, bad_row, reason):
 
 
 def test_missing_files_are_config_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"set task.dataset \(a hub id\) or task.test_file"):
+    with pytest.raises(ValueError, match=r"^task.dataset: .* set it \(a hub id\) or test_file"):
         make_task(TaskConfig(name="gsm8k"))
     with pytest.raises(DataError, match="no such file"):
         make_task(TaskConfig(name="math500", test_file=str(tmp_path / "nope.jsonl")))

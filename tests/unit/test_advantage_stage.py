@@ -21,7 +21,7 @@ def test_dynamic_sampling_acr_raw_is_over_everything_generated():
     groups = groups_of([[1, 1]] * 4)
     verdicts = [V(1.0), V(0.0), V(1.0), V(1.0), V(0.0), V(1.0), V(0.0, "wrong"), V(0.0, "wrong")]
     stage = AdvantageStage(GRPO, reward_range=(0.0, 1.0), seed=0)
-    batch, m, _ = stage.process(groups, verdicts, trained=[True, False, True, False])
+    batch, m, *_ = stage.process(groups, verdicts, trained=[True, False, True, False])
     assert m["acr/raw"] == 0.5  # g1, g3 collapsed, of 4 generated (before the filter)
     assert (m["acr/high"], m["acr/low"]) == (0.25, 0.25)
     assert m["acr/trained"] == 0.0  # the trained batch has no collapsed group
@@ -38,7 +38,7 @@ def test_response_length_clip_ratio_and_overlong_filter():
     groups = groups_of([[2, 8], [3, 8]], truncated={(0, 1), (1, 1)})
     verdicts = [V(1.0), V(0.0), V(0.0), V(1.0)]
     cfg = AlgorithmConfig(estimator="grpo", overlong=OverlongConfig(filter=True))
-    batch, m, _ = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0).process(groups, verdicts)
+    batch, m, *_ = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0).process(groups, verdicts)
     assert m["response_length/clip_ratio"] == 0.5  # 2 of 4 samples hit max_new_tokens
     # truncated responses stay out of the loss (DAPO overlong filtering), others count
     assert batch.response_mask.sum(1).tolist() == [2.0, 0.0, 3.0, 0.0]
@@ -52,7 +52,7 @@ def test_overlong_shaping_hand_computed():
     groups = groups_of([[4, 8]])  # both correct: r = (1 + 0, 1 - 1) = (1, 0)
     cfg = AlgorithmConfig(estimator="grpo", overlong=OverlongConfig(shaping=True, buffer_len=4))
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0, max_response_len=8)
-    batch, m, _ = stage.process(groups, [V(1.0), V(1.0)])
+    batch, m, *_ = stage.process(groups, [V(1.0), V(1.0)])
     # without shaping the group is collapsed; with it: (1, 0) -> GRPO +-0.7071
     assert m["acr/raw"] == 0.0 and m["reward/mean"] == 0.5
     assert batch.advantages.tolist() == pytest.approx([0.7071, -0.7071], abs=1e-4)
@@ -63,7 +63,7 @@ def test_one_tau_for_estimator_and_monitor():
     # advantages) and for the monitor alike; (0, 1) has 0.5 -> not collapsed
     cfg = AlgorithmConfig(estimator="grpo", tau=0.3, trigger=TriggerConfig(policy="never"))
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
-    batch, m, _ = stage.process(groups_of([[1, 1], [1, 1]]), [V(0.0), V(0.5), V(0.0), V(1.0)])
+    batch, m, *_ = stage.process(groups_of([[1, 1], [1, 1]]), [V(0.0), V(0.5), V(0.0), V(1.0)])
     assert m["acr/raw"] == m["acr/trained"] == 0.5
     assert batch.advantages[:2].tolist() == [0.0, 0.0] and m["acr/effective"] == 0.5
 
@@ -71,7 +71,7 @@ def test_one_tau_for_estimator_and_monitor():
 def test_acr100_says_how_many_steps_it_covers():
     stage = AdvantageStage(GRPO, reward_range=(0.0, 1.0), seed=0)
     for step in range(1, 4):
-        _, m, _ = stage.process(groups_of([[1, 1]]), [V(1.0), V(1.0)])
+        _, m, *_ = stage.process(groups_of([[1, 1]]), [V(1.0), V(1.0)])
         assert m["acr/acr100_steps"] == step and m["acr/acr100"] == 1.0
 
 
@@ -81,8 +81,8 @@ def test_state_round_trip_includes_the_monitor():
     b = AdvantageStage(AlgorithmConfig(), reward_range=(0.0, 1.0), seed=0)
     b.load_state_dict(a.state_dict())
     assert b.monitor.state_dict() == a.monitor.state_dict() and b.monitor.steps == 1
-    _, ma, _ = a.process(groups_of([[1, 1]]), [V(0.0), V(0.0)])
-    _, mb, _ = b.process(groups_of([[1, 1]]), [V(0.0), V(0.0)])
+    _, ma, *_ = a.process(groups_of([[1, 1]]), [V(0.0), V(0.0)])
+    _, mb, *_ = b.process(groups_of([[1, 1]]), [V(0.0), V(0.0)])
     assert all(ma[k] == mb[k] or (math.isnan(ma[k]) and math.isnan(mb[k])) for k in ma)
 
 
@@ -93,14 +93,14 @@ def test_dynamic_sampling_reward_and_length_are_over_everything_generated():
     verdicts = [V(1.0), V(0.0), V(1.0), V(1.0), V(0.0), V(0.0)]
     cfg = AlgorithmConfig(trigger=TriggerConfig(policy="adaptive", eta=0.5))
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
-    _, m, _ = stage.process(groups, verdicts, trained=[True, False, False])
+    _, m, *_ = stage.process(groups, verdicts, trained=[True, False, False])
     assert (m["reward/mean"], m["reward/mean_trained"]) == (0.5, 0.5)
     assert (m["response_length/mean"], m["response_length/mean_trained"]) == (4.0, 2.0)
     # step 2 trains g1' = (1, 0) only while every generated reward is 1/6 -> J fell from
     # 0.5 to 1/6 (generated), though the trained mean stays 0.5: tau moves by
     # -0.5 * (0 - 0.5) = +0.25 (trained ACR 0 - tau 0.5), to 0.75.
     verdicts = [V(1.0), V(0.0), V(0.0), V(0.0), V(0.0), V(0.0)]
-    _, m, _ = stage.process(groups, verdicts, trained=[True, False, False])
+    _, m, *_ = stage.process(groups, verdicts, trained=[True, False, False])
     assert m["reward/mean"] == pytest.approx(1 / 6) and m["reward/mean_trained"] == 0.5
     assert stage.state.trigger.tau_adapt == pytest.approx(0.75)
 
@@ -116,12 +116,12 @@ def test_intrinsic_rewards_have_no_correct_incorrect_strata():
     )  # fmt: skip
     stage = AdvantageStage(cfg, reward_range=(0.0, 1.0), seed=0)
     verdicts = [V(-0.5), V(-0.5), V(-0.2), V(-0.9)]  # g0 collapsed at -0.5, below r_lo = 0
-    _, m, _ = stage.process(groups_of([[1, 1], [1, 1]]), verdicts, prompt_keys=["a", "b"])
+    _, m, *_ = stage.process(groups_of([[1, 1], [1, 1]]), verdicts, prompt_keys=["a", "b"])
     assert m["acr/raw"] == 0.5
     assert "acr/high" not in m and "acr/low" not in m
     assert "always_solved" not in stage.monitor.prompt_summary()
     # the verifier's own reward keeps them
-    _, m, _ = AdvantageStage(GRPO, reward_range=(0.0, 1.0), seed=0).process(
+    _, m, *_ = AdvantageStage(GRPO, reward_range=(0.0, 1.0), seed=0).process(
         groups_of([[1, 1], [1, 1]]), [V(0.0), V(0.0), V(1.0), V(0.0)]
     )
     assert (m["acr/high"], m["acr/low"]) == (0.0, 0.5)

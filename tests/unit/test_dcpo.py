@@ -109,8 +109,8 @@ def test_the_stage_keeps_history_per_prompt_and_checkpoints_it():
     b.load_state_dict(state)
     # step 2: x all correct (collapsed now): both stages give it the history's 0.362284
     step2 = (groups_of([[1] * 4]), [V(1)] * 4)
-    batch_a, ma, _ = a.process(*step2, prompt_keys=["x"])
-    batch_b, mb, _ = b.process(*step2, prompt_keys=["x"])
+    batch_a, ma, *_ = a.process(*step2, prompt_keys=["x"])
+    batch_b, mb, *_ = b.process(*step2, prompt_keys=["x"])
     assert torch.equal(batch_a.advantages, batch_b.advantages)
     assert abs(float(batch_a.advantages[0]) - 0.375 / math.sqrt(1.875 / 7) / 2) < 1e-6
     assert a.state_dict() == b.state_dict()
@@ -120,7 +120,7 @@ def test_the_stage_keeps_history_per_prompt_and_checkpoints_it():
 def test_a_prompt_twice_in_one_step_sees_its_first_group():
     stage = AdvantageStage(DCPO, reward_range=(0.0, 1.0), seed=0)
     verdicts = [V(1), V(0), V(0), V(0)] + [V(1)] * 4
-    batch, _, _ = stage.process(groups_of([[1] * 4, [1] * 4]), verdicts, prompt_keys=["x", "x"])
+    batch, *_ = stage.process(groups_of([[1] * 4, [1] * 4]), verdicts, prompt_keys=["x", "x"])
     # group 1 = visit 1 of x (GRPO: 1.5, -0.5); group 2 = visit 2, collapsed: history 0.362284
     got = [round(a, 6) for a in batch.advantages.tolist()]
     assert got[:4] == [1.5, -0.5, -0.5, -0.5] and got[4:] == [0.362284] * 4
@@ -153,10 +153,10 @@ def test_the_preset_weights_tokens_as_dcpos_only_token_mean():
 def test_history_groups_counts_groups_whose_prompt_was_seen_before():
     stage = AdvantageStage(DCPO, reward_range=(0.0, 1.0), seed=0)
     step1 = (groups_of([[1] * 4, [1] * 4]), [V(1), V(0), V(0), V(0)] + [V(0)] * 4)
-    _, m, _ = stage.process(*step1, prompt_keys=["x", "y"])
+    _, m, *_ = stage.process(*step1, prompt_keys=["x", "y"])
     assert m["dcpo/history_groups"] == 0.0  # first visits: GRPO
-    _, m, _ = stage.process(*step1, prompt_keys=["x", "z"])
+    _, m, *_ = stage.process(*step1, prompt_keys=["x", "z"])
     assert m["dcpo/history_groups"] == 1.0  # x again, z new
     # y collapsed (all 0) at both visits: history gives it nothing, so it stays wasted
-    _, m, _ = stage.process(*step1, prompt_keys=["z", "y"])
+    _, m, *_ = stage.process(*step1, prompt_keys=["z", "y"])
     assert m["dcpo/history_groups"] == 2.0
