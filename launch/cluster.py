@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from launch.config import TrainConfig
+from launch.cores import cgroup_cpu_limit, usable_cores
 from launch.ray_dirs import run_ray_temp_dir
 
 
@@ -52,7 +52,7 @@ def colocated_bundle(cfg: TrainConfig) -> tuple[float, float]:
     )
 
 
-def actor_resources(cfg: TrainConfig, stage: str) -> tuple[float, float]:
+def actor_resources(cfg: TrainConfig, stage: str, placement=None) -> tuple[float, float]:
     """``(num_cpus, num_gpus)`` one rollout worker or learner rank asks Ray for: its own
     config's, or with ``cluster.colocate`` half of its shared bundle (an engine and a rank
     time-share the bundle's cores and GPU; Ray then gives both the same GPU).
@@ -65,14 +65,19 @@ def actor_resources(cfg: TrainConfig, stage: str) -> tuple[float, float]:
     >>> cfg.cluster.colocate = False
     >>> actor_resources(cfg, "learner")
     (1.0, 1)
-    """
+
+    ``placement``: the stage's reserved group, whose CPU scale applies (cluster_fit.py)."""
+    from launch.cluster_fit import scale_cpu
+
     r, lr = cfg.rollout, cfg.learner
     if cfg.cluster.colocate:
         cpus, gpus = colocated_bundle(cfg)
-        return cpus / 2, gpus / 2
-    if stage == "rollout":
-        return r.num_cpus_per_worker, r.num_gpus_per_worker
-    return lr.num_cpus_per_rank, lr.num_gpus_per_rank
+        cpus, gpus = cpus / 2, gpus / 2
+    elif stage == "rollout":
+        cpus, gpus = r.num_cpus_per_worker, r.num_gpus_per_worker
+    else:
+        cpus, gpus = lr.num_cpus_per_rank, lr.num_gpus_per_rank
+    return scale_cpu(cpus, placement.cpu_scale if placement else 1.0), gpus
 
 
 QUIET = {
@@ -115,15 +120,30 @@ def _listen(mode: str) -> None:
     )
 
 
+def runtime_env_vars(cfg: TrainConfig, environ=os.environ) -> dict[str, str]:
+    """The variables every actor gets through Ray's runtime env: TOKENIZERS_PARALLELISM off,
+    :data:`QUIET` (with ``cluster.actor_logs``) and ``cluster.env_vars`` (the GPU presets' NCCL
+    settings), less those the driver's environment ``environ`` already sets: the user's own value
+    wins (a local Ray's actors inherit it), and inside a Ray job the job's env_vars are set there
+    already (Ray refuses a driver whose runtime env repeats one of them).
+
+    >>> cfg = TrainConfig()
+    >>> cfg.cluster.actor_logs = False
+    >>> cfg.cluster.env_vars = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+    >>> runtime_env_vars(cfg, {"NCCL_NVLS_ENABLE": "1"})
+    {'TOKENIZERS_PARALLELISM': 'false', 'NCCL_CUMEM_ENABLE': '0'}
+    """
+    wanted = {"TOKENIZERS_PARALLELISM": "false", **(QUIET if cfg.cluster.actor_logs else {})}
+    wanted |= {str(k): str(v) for k, v in cfg.cluster.env_vars.items()}
+    return {k: v for k, v in wanted.items() if k not in environ}
+
+
 def init_ray(cfg: TrainConfig) -> None:
     import ray
 
     if ray.is_initialized():
         return
-    wanted = {"TOKENIZERS_PARALLELISM": "false", **(QUIET if cfg.cluster.actor_logs else {})}
-    # Only keys the process lacks: inside a Ray job the job's env_vars are already set, and Ray
-    # refuses a driver whose runtime env repeats one of them.
-    env = {"env_vars": {k: v for k, v in wanted.items() if k not in os.environ}}
+    env = {"env_vars": runtime_env_vars(cfg)}
     logs = cfg.cluster.actor_logs
     address = resolve_address(cfg)
     if address:
@@ -192,12 +212,18 @@ def beyond_loopback(addresses: dict[str, str]) -> str | None:
     return None
 
 
+SIZE_KEYS = ("rollout.num_workers / num_gpus_per_worker / num_cpus_per_worker, learner.num_ranks "
+             "/ num_gpus_per_rank / num_cpus_per_rank")  # fmt: skip
+"""What sizes a run's reservation."""
+
+
 @dataclass
 class Placement:
     """A reserved placement group and the first bundle a stage's actors use."""
 
     group: object  # ray.util.placement_group.PlacementGroup
     first_bundle: int = 0
+    cpu_scale: float = 1.0  # every CPU ask's factor on a cluster with fewer CPUs (cluster_fit)
 
     def strategy(self, i: int):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -210,18 +236,36 @@ class Placement:
 
 
 def reserve(
-    cfg: TrainConfig, stages: tuple[str, ...] = ("rollout", "verifier", "learner")
+    cfg: TrainConfig, stages: tuple[str, ...] = ("rollout", "verifier", "learner"), log=print
 ) -> dict[str, Placement | None]:
     """One placement group per stage, ready within ``cluster.ready_timeout_s``, or an error
-    naming the stage and its bundles; ``{stage: None}`` when placement groups are off."""
+    naming the stage and its bundles; ``{stage: None}`` when placement groups are off. CPU asks
+    beyond the cluster's CPUs are scaled to fit them; a reservation the cluster's nodes can
+    never hold is a ConfigError at once (launch/cluster_fit.py)."""
     import ray
     from ray.util.placement_group import placement_group
+
+    from launch.cluster_fit import cpu_scale, never_fits, scaled
+    from launch.validation import ConfigError
 
     if cfg.cluster.colocate and {"rollout", "learner"} & set(stages):
         stages = (*stages, "colocated")  # both share its bundles
     bundles = {stage: b for stage, b in stage_bundles(cfg).items() if stage in stages}
     if not cfg.cluster.placement_groups:
         return {stage: None for stage in (*bundles, *stages) if stage != "colocated"}
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    scale = cpu_scale(bundles, nodes)
+    if scale < 1.0:
+        need = sum(b["CPU"] for group in bundles.values() for b in group)
+        log(f"cluster: the actors ask for {need:g} CPUs, the cluster has "
+            f"{sum(n.get('CPU', 0.0) for n in nodes):g}: each CPU ask x {scale:.3g} (they "
+            "time-share the cores, as in a Ray the run starts)")  # fmt: skip
+        bundles = scaled(bundles, scale)
+    why = never_fits(bundles, nodes, cfg.cluster.placement_strategy)
+    if why and not cfg.cluster.wait_for_nodes:
+        raise ConfigError(f"cluster: {why}; change {SIZE_KEYS}, or join a cluster that has "
+                          "it (cluster.wait_for_nodes=true waits for nodes an autoscaler "
+                          "adds)")  # fmt: skip
     groups = {
         stage: placement_group(b, strategy=cfg.cluster.placement_strategy, name=f"avspo-{stage}")
         for stage, b in bundles.items()
@@ -240,61 +284,11 @@ def reserve(
             f"{cfg.cluster.ready_timeout_s:.0f} s (cluster.ready_timeout_s); available: "
             f"{available}"
         )
-    out = {stage: Placement(pg) for stage, pg in groups.items()}
+    out = {stage: Placement(pg, cpu_scale=scale) for stage, pg in groups.items()}
     if "colocated" in out:
         shared = out.pop("colocated")
         out |= {stage: shared for stage in ("rollout", "learner") if stage in stages}
     return out
-
-
-def cgroup_cpu_limit(
-    proc_cgroup: str | Path = "/proc/self/cgroup", root: str | Path = "/sys/fs/cgroup"
-) -> float | None:
-    """The CPUs this process's cgroup may use (its CFS quota / period, the tightest along the
-    path to the root; cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), None without a limit.
-    A container given 2 CPUs of a big host still sees the host's cores in its affinity mask."""
-    try:
-        lines = Path(proc_cgroup).read_text().splitlines()
-    except OSError:
-        return None
-    limits = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        parts = [p for p in path.split("/") if p]
-        if controllers == "":  # v2: one unified tree
-            bases, v2 = [Path(root), Path(root) / "unified"], True
-        elif "cpu" in controllers.split(","):
-            bases, v2 = list(dict.fromkeys([Path(root) / controllers, Path(root) / "cpu"])), False
-        else:
-            continue
-        for base in bases:
-            for depth in range(len(parts), -1, -1):
-                limit = _cpu_limit_file(base.joinpath(*parts[:depth]), v2)
-                if limit is not None:
-                    limits.append(limit)
-    return min(limits) if limits else None
-
-
-def _cpu_limit_file(folder: Path, v2: bool) -> float | None:
-    try:
-        if v2:
-            quota, period = (folder / "cpu.max").read_text().split()[:2]
-        else:
-            quota = (folder / "cpu.cfs_quota_us").read_text().strip()
-            period = (folder / "cpu.cfs_period_us").read_text().strip()
-        if quota in ("max", "-1"):
-            return None
-        return int(quota) / int(period)
-    except (OSError, ValueError):
-        return None
-
-
-def usable_cores(mask: set[int], limit: float | None) -> list[int]:
-    """The CPU ids of ``mask`` that threads may use: all of them, or the first ``limit`` (rounded
-    down, at least one) when a cgroup quota allows fewer: more threads than the quota's CPUs
-    stall every OpenMP region on throttling."""
-    ids = sorted(mask)
-    return ids if limit is None else ids[: max(1, int(limit))]
 
 
 def node_cores(local: bool) -> dict[str, list[int]]:

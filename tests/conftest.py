@@ -46,8 +46,8 @@ def fast_tiny_overrides(tiny_model_dir: str) -> list[str]:
 
 
 def pytest_report_header(config) -> str:
-    """The cores and memory the runs get, in the CI log's header (launch/cluster.py)."""
-    from launch.cluster import cgroup_cpu_limit, usable_cores
+    """The cores and memory the runs get, in the CI log's header (launch/cores.py)."""
+    from launch.cores import cgroup_cpu_limit, usable_cores
     from learner.policy import available_ram_bytes
 
     mask, limit = os.sched_getaffinity(0), cgroup_cpu_limit()

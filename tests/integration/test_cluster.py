@@ -11,8 +11,9 @@ import pytest
 import ray
 
 from comm.actors import spawn_actor_group
-from launch.cluster import reserve, resolve_address, stage_bundles
+from launch.cluster import actor_resources, reserve, resolve_address, stage_bundles
 from launch.config import TrainConfig
+from launch.validation import ConfigError
 from tests.helpers import ROOT
 
 
@@ -71,16 +72,63 @@ def test_actors_start_inside_their_stage_group(ray_cluster):
             ray.util.remove_placement_group(p.group)
 
 
-@pytest.mark.slow
-def test_an_impossible_reservation_fails_fast_naming_the_stage(ray_cluster):
+def test_a_reservation_no_node_can_hold_fails_at_once_in_one_line(ray_cluster):
+    """Issue 63: GPUs the cluster does not have are refused before any wait (not after
+    ``cluster.ready_timeout_s``), in one line naming the ask, the cluster and the settings."""
+    import time
+
     cfg = _small()
-    cfg.learner.num_cpus_per_rank = 64  # the test cluster has 8 logical CPUs
-    cfg.cluster.ready_timeout_s = 2
+    cfg.learner.num_gpus_per_rank = 1  # the test cluster has no GPU
+    cfg.cluster.ready_timeout_s = 300
     before = len(ray.util.placement_group_table())
-    with pytest.raises(RuntimeError, match=r"could not reserve learner .*CPU.: 64"):
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as err:
         reserve(cfg)
+    assert time.monotonic() - t0 < 10
+    assert str(err.value).startswith(
+        "cluster: GPU: the run asks for 2 (learner 2 x 1), the cluster has 0 (1 node); change "
+    )
+    assert "\n" not in str(err.value) and "cluster.wait_for_nodes=true" in str(err.value)
+    assert len(ray.util.placement_group_table()) == before  # nothing was reserved
+
+
+@pytest.mark.slow
+def test_a_busy_cluster_is_waited_for_then_named(ray_cluster):
+    """CPUs that exist but another job holds: waited for (``ready_timeout_s``), then named."""
+    from ray.util.placement_group import placement_group
+
+    cfg = _small()
+    cfg.cluster.ready_timeout_s = 2
+    hold = placement_group([{"CPU": ray.cluster_resources()["CPU"]}])  # every CPU, once free
+    ray.get(hold.ready(), timeout=60)
+    before = len(ray.util.placement_group_table())
+    try:
+        with pytest.raises(RuntimeError, match=r"could not reserve rollout .*within 2 s"):
+            reserve(cfg)
+    finally:
+        ray.util.remove_placement_group(hold)
     table = ray.util.placement_group_table()
     assert all(v["state"] == "REMOVED" for v in list(table.values())[before:])
+
+
+@pytest.mark.slow
+def test_more_cpus_than_the_cluster_has_are_scaled_into_it(ray_cluster):
+    """CPU asks beyond the cluster's CPUs shrink by one factor (the actors time-share the
+    cores, as in a Ray the run starts); the actors ask for their share of the scaled bundle."""
+    cfg = _small()
+    cfg.learner.num_cpus_per_rank = 7.75  # asks: 2 x 0.25 + 1 + 2 x 7.75 = 17 on 8 CPUs
+    placement = reserve(cfg, log=lambda line: None)
+    try:
+        scale = 8 / 17
+        assert placement["learner"].cpu_scale == pytest.approx(scale)
+        # 7.75 x 8/17 = 3.647..., rounded down to Ray's 1e-4: 3.647
+        assert actor_resources(cfg, "learner", placement["learner"]) == (3.647, 0.0)
+        where = spawn_actor_group(Where, 1, num_cpus=3.647, placement=placement["learner"])[0]
+        assert ray.get(where.group.remote(), timeout=60) == placement["learner"].group.id.hex()
+        ray.kill(where)
+    finally:
+        for p in placement.values():
+            ray.util.remove_placement_group(p.group)
 
 
 def test_placement_groups_can_be_turned_off():

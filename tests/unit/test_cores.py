@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.cluster import cgroup_cpu_limit, usable_cores
+from launch.cores import cgroup_cpu_limit, usable_cores
 
 
 def write(path: Path, text: str) -> None:
