@@ -62,7 +62,7 @@ test-default-build: setup
 	$(BIN)/python -m pytest -m default_build -s $(PYTEST_ARGS)
 
 # the vLLM pack for a bare Hopper machine built (network) and its imports rehearsed here
-# (tests/rollout/test_vllm_pack_rehearsal.py; docs/cluster.md, "Part B-lite")
+# (tests/rollout/test_vllm_pack_rehearsal.py; tests/gpu/README.md, "Part B-lite")
 test-vllm-pack: setup
 	$(BIN)/python -m pytest -m vllm_pack -s tests/rollout/test_vllm_pack_rehearsal.py $(PYTEST_ARGS)
 

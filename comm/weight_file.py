@@ -30,6 +30,7 @@ import atexit
 import contextlib
 import errno
 import json
+import logging
 import math
 import mmap
 import os
@@ -42,6 +43,8 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from comm.orphans import orphans
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -172,11 +175,42 @@ def _open_for_writing(path: str, total: int):
 def weights_base(nbytes: int) -> str:
     """Where the folder of a weights file of ``nbytes`` goes: /dev/shm when it has room for it
     (memory speed), else the temp folder (e.g. Docker's default 64 MiB /dev/shm: docker/ raises
-    it)."""
+    it), said once per process in one warning line (:func:`shm_warning`): a disk write of the
+    whole model at every sync (15.2 GB for a 7B model in bf16) is slow."""
     writable = os.path.isdir(SHM) and os.access(SHM, os.W_OK)
-    if writable and shutil.disk_usage(SHM).free > nbytes + (64 << 20):
+    usage = shutil.disk_usage(SHM) if writable else None
+    if usage is not None and usage.free > nbytes + SHM_SPARE:
         return SHM
-    return tempfile.gettempdir()
+    base = tempfile.gettempdir()
+    if base not in _warned:
+        _warned.add(base)
+        logger.warning(shm_warning(nbytes, usage, base))
+    return base
+
+
+SHM_SPARE = 64 << 20  # left free in /dev/shm for everyone else (NCCL, Ray's small objects)
+_warned: set[str] = set()  # the fallback folders this process has warned of
+
+
+def shm_warning(nbytes: int, usage, base: str) -> str:
+    """The line that says a weights file goes to disk: why (``usage``: /dev/shm's
+    ``shutil.disk_usage``, None where it is missing or not writable), where, and the room
+    /dev/shm would need.
+
+    >>> from collections import namedtuple
+    >>> shm = namedtuple("usage", "total used free")(8e9, 1e9, 7e9)  # Docker's shm_size: 8gb
+    >>> shm_warning(15_200_000_000, shm, "/tmp")  # doctest: +NORMALIZE_WHITESPACE
+    'the weights file (15.2 GB) goes to /tmp (disk), written at every weight sync: it does not
+    fit /dev/shm (7.0 GB free of 8.0 GB); give /dev/shm at least 15.3 GB free (Docker: shm_size)'
+    """
+    if usage is None:
+        why = "/dev/shm is missing or not writable"
+    else:
+        free, total = usage.free / 1e9, usage.total / 1e9
+        why = f"it does not fit /dev/shm ({free:.1f} GB free of {total:.1f} GB)"
+    return (f"the weights file ({nbytes / 1e9:.1f} GB) goes to {base} (disk), written at every "
+            f"weight sync: {why}; give /dev/shm at least {(nbytes + SHM_SPARE) / 1e9:.1f} GB "
+            "free (Docker: shm_size)")  # fmt: skip
 
 
 def weights_dir(nbytes: int) -> str:

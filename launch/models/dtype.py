@@ -8,10 +8,17 @@ SmolLM2 (step time, log-prob gap, held-out accuracy) is measured by ``conf/repro
 actor starts, and written into the run's config.yaml: its actors, a resume and a rerun of that
 file use the same dtype. A cluster whose head node lacks the workers' bf16 units (a CPU head in
 front of GPU workers) names the dtype explicitly.
+
+The launching process never touches ``torch.cuda`` for this: a CUDA query there makes a CUDA
+context on GPU 0 that the driver holds for the whole run (memory an actor on that GPU then
+lacks). A child process asks instead (:func:`cuda_bf16`), and only where torch was built with
+CUDA or ROCm.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from launch.models.model_config import ModelConfig
@@ -37,6 +44,32 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
+CUDA_CHILD = (
+    "import torch\n"
+    "ok = torch.cuda.is_available() and (torch.version.hip is not None\n"
+    "                                    or torch.cuda.get_device_capability(0)[0] >= 8)\n"
+    "print('bf16' if ok else 'none')\n"
+)
+"""What the child runs: device 0 (of those ``CUDA_VISIBLE_DEVICES`` shows) computes bf16 natively
+from compute capability 8.0 (Ampere) on; ROCm devices all do."""
+
+
+def cuda_bf16(run=subprocess.run) -> bool:
+    """Whether this machine's first visible GPU computes bf16 natively, asked in a child process
+    (:data:`CUDA_CHILD`; ``run``: :func:`subprocess.run` or a stand-in), so that this process
+    makes no CUDA context. A torch without CUDA or ROCm answers False without asking; a child
+    that fails or hangs (60 s) counts as no."""
+    import torch
+
+    if torch.version.cuda is None and torch.version.hip is None:
+        return False
+    try:
+        out = run([sys.executable, "-c", CUDA_CHILD], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return False
+    return out.returncode == 0 and out.stdout.strip().endswith("bf16")
+
+
 def native_bf16(flags: set[str] | None = None, cuda: bool | None = None) -> str | None:
     """Why bf16 is native here (a sentence), or None.
 
@@ -48,9 +81,7 @@ def native_bf16(flags: set[str] | None = None, cuda: bool | None = None) -> str 
     'a CUDA device with bf16'
     """
     if cuda is None:
-        import torch
-
-        cuda = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        cuda = cuda_bf16()
     if cuda:
         return "a CUDA device with bf16"
     flags = cpu_flags() if flags is None else flags

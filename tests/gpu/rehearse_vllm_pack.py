@@ -46,12 +46,19 @@ ENGINE = [
 # what an engine on one Hopper GPU imports: its core and executor, the GPU worker and model
 # runner (sleep mode's allocator, CUDA graphs' compilation), FlashAttention 3 (bf16), the
 # Triton and Flex attention backends (fp32: check_gpu.py's engine_gap_fp32), the models of the
-# GPU checks (SmolLM2: Llama; Qwen2.5), the loader, the sampler, the weight transfer engine
+# GPU checks (SmolLM2: Llama; Qwen2.5), the loader, the sampler, the weight transfer engine.
+# Two model runners: vLLM 0.26 runs a dense model (not MoE, not hybrid) on its V2 runner
+# (vllm/v1/worker/gpu/; config/vllm.py use_v2_model_runner, when Triton is there: the image has
+# it), the rest on V1 (gpu_model_runner); V2's model state is imported when the model loads.
 HOPPER = [
     "vllm.platforms.cuda",
     "vllm.v1.engine.llm_engine", "vllm.v1.engine.core", "vllm.v1.engine.core_client",
     "vllm.v1.executor.uniproc_executor", "vllm.v1.executor.multiproc_executor",
     "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner",
+    "vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu.model_states.default",
+    "vllm.v1.worker.gpu.attn_utils", "vllm.v1.worker.gpu.cudagraph_utils",
+    "vllm.v1.worker.gpu.input_batch", "vllm.v1.worker.gpu.sample.sampler",
+    "vllm.v1.worker.gpu.sample.prompt_logprob", "vllm.v1.worker.gpu.warmup",
     "vllm.device_allocator.cumem", "vllm.compilation.backends", "vllm.compilation.decorators",
     "vllm.vllm_flash_attn", "vllm.v1.attention.backends.flash_attn",
     "vllm.v1.attention.backends.triton_attn", "vllm.v1.attention.backends.flex_attention",

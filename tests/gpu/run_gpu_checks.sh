@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU checks, Parts A and C in one device call on a bare PyTorch machine (docs/cluster.md, "GPU
-# checks"): installs tests/gpu/wheels (made here by tests/gpu/pack_wheels.py) into a folder of
-# its own, then runs Part A (check_learner_gpu.py) and Part C (check_train_gpu.py). Neither part
-# stops the other; the figures and logs go to $OUT, a summary to stdout; exit 1 if either fails.
+# GPU checks, Parts A and C in one device call on a bare PyTorch machine (tests/gpu/README.md,
+# "Parts A and C, Part B"): installs tests/gpu/wheels (made here by tests/gpu/pack_wheels.py)
+# into a folder of its own, then runs Part A (check_learner_gpu.py) and Part C
+# (check_train_gpu.py). Neither part stops the other; the figures and logs go to $OUT, a summary
+# to stdout; exit 1 if either fails.
 #
 #   OUT=/somewhere bash tests/gpu/run_gpu_checks.sh
 #

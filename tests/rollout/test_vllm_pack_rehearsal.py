@@ -44,3 +44,6 @@ def test_every_module_the_engine_reaches_is_in_the_image_or_the_pack(tmp_path):
         assert report["vllm"][0] == "0.26.0" and "/.venv/" not in report["vllm"][1]
     # FlashAttention 3's interface and backend import without FA2 and FA4 (dropped)
     assert hopper["imports"]["vllm.v1.attention.backends.flash_attn"] == "ok"
+    # the V2 model runner, which runs a dense model on vLLM 0.26, imports from the pack
+    v2 = {t: r for t, r in hopper["imports"].items() if t.startswith("vllm.v1.worker.gpu.")}
+    assert "vllm.v1.worker.gpu.model_runner" in v2 and set(v2.values()) == {"ok"}, v2

@@ -84,6 +84,29 @@ def test_weights_go_to_shm_when_it_has_room_else_the_temp_folder(monkeypatch):
     assert weights_base(1 << 20) == "/dev/shm"
 
 
+def test_a_weights_file_that_does_not_fit_shm_is_said_once_in_one_line(monkeypatch, caplog):
+    """Issue 62: a 7B model's bf16 weights (15.2 GB) in Docker's shm_size 8gb went to disk at
+    every sync without a word. Now one warning line per process says so, with the room needed;
+    a file that fits says nothing."""
+    import logging
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(weight_file, "_warned", set())
+    monkeypatch.setattr(weight_file.os.path, "isdir", lambda p: True)
+    monkeypatch.setattr(weight_file.os, "access", lambda p, mode: True)
+    monkeypatch.setattr(weight_file.shutil, "disk_usage", lambda p: usage(8e9, 1e9, 7e9))
+    with caplog.at_level(logging.WARNING, logger="comm.weight_file"):
+        assert weights_base(2_000_000_000) == "/dev/shm"  # a 1B model in bf16 fits: silent
+        assert caplog.records == []
+        for _ in range(3):  # every sync of the run
+            assert weights_base(15_200_000_000) == weight_file.tempfile.gettempdir()
+    (record,) = caplog.records
+    said = record.getMessage()
+    assert "\n" not in said and record.levelno == logging.WARNING
+    assert "weights file (15.2 GB)" in said and "7.0 GB free of 8.0 GB" in said
+    assert "at least 15.3 GB" in said and "shm_size" in said
+
+
 def test_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
