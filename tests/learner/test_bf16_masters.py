@@ -70,3 +70,32 @@ def test_a_rank_resolves_old_logprobs_auto_by_its_dtype(dtype, mode, tiny_model_
     rank = LearnerRank(0, 1, LearnerConfig(), LossConfig(), tiny_model_dir, dtype=dtype,
                        threads=threads)  # fmt: skip
     assert LearnerConfig().old_logprobs == "auto" and rank.cfg.old_logprobs == mode
+
+
+@pytest.mark.slow
+def test_at_zero_lr_the_synced_weights_are_the_starting_bf16_weights(ray_cluster, tiny_model_dir):
+    """Issue 60's weight-sync check, on the learner's side: bf16 with dithered masters at
+    ``learner.lr=0``, 2 ranks, 3 updates: every exported weight (what the engines receive)
+    equals the checkpoint's weight rounded to bf16, before and after. The dither moved the
+    masters inside their rounding cells only, and no update moved anything."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.group import LearnerGroup
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    start = {k: v.bfloat16().float() for k, v in model.state_dict().items()}
+    _, batch = train_batch(model, seed=3, n_groups=4, n=4)
+    cfg = LearnerConfig(num_ranks=2, zero_stage=2, lr=0.0, micro_batch_size=8, timeout_s=600,
+                        bf16_masters="dither", seed=0)  # fmt: skip
+    group = LearnerGroup(cfg, LossConfig(), tiny_model_dir, dtype="bfloat16")
+    try:
+        exports = [group.export_weights()]
+        for _ in range(3):
+            group.train_on(batch)
+        exports.append(group.export_weights())
+    finally:
+        group.shutdown()
+    for exported in exports:
+        assert exported.keys() <= start.keys()
+        for k, v in exported.items():
+            assert torch.equal(v.float(), start[k]), k

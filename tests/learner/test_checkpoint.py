@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,23 +17,26 @@ from tests.helpers import train_batch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_round_trip_continues_bit_exactly(ray_cluster, tiny_model_dir, tmp_path, stage):
+@pytest.mark.parametrize("stage, dtype", [(2, "float32"), (3, "bfloat16")])
+def test_round_trip_continues_bit_exactly(ray_cluster, tiny_model_dir, tmp_path, stage, dtype):
+    """bf16 with dithered masters (learner/bf16_masters.py): the resumed group draws its own
+    dither (another seed) at start, and the checkpoint's masters replace it: bit-exact too."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     _, first = train_batch(model, seed=1)
     _, second = train_batch(model, seed=2)
     cfg = LearnerConfig(
-        num_ranks=2, zero_stage=stage, lr=1e-3, micro_batch_size=4, warmup_steps=3, timeout_s=600
-    )
+        num_ranks=2, zero_stage=stage, lr=1e-3, micro_batch_size=4, warmup_steps=3, timeout_s=600,
+        bf16_masters="dither", seed=0,
+    )  # fmt: skip
     algorithm = AlgorithmConfig(trigger=TriggerConfig(policy="adaptive", eta=0.5))
     root = tmp_path / "checkpoints"
 
     stage = AdvantageStage(algorithm, reward_range=(0.0, 1.0), seed=0)  # the driver's
     stage(torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([0, 0, 1, 1]))  # trigger state
     stage(torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]))
-    a = LearnerGroup(cfg, algorithm.loss, tiny_model_dir)
+    a = LearnerGroup(cfg, algorithm.loss, tiny_model_dir, dtype=dtype)
     try:
         a.train_on(first)
         sidecar = {"advantage_stage": stage.state_dict(), "extra": {"data_position": 17}}
@@ -46,7 +50,7 @@ def test_round_trip_continues_bit_exactly(ray_cluster, tiny_model_dir, tmp_path,
     saved = AutoModelForCausalLM.from_pretrained(f"{path}/model", dtype=torch.float32)
     assert saved.config.vocab_size == model.config.vocab_size  # transformers loads it
 
-    b = LearnerGroup(cfg, algorithm.loss, tiny_model_dir)
+    b = LearnerGroup(replace(cfg, seed=1), algorithm.loss, tiny_model_dir, dtype=dtype)
     try:
         state = b.load_checkpoint(path)
         resumed = b.train_on(second)
