@@ -110,4 +110,3 @@ def unread_problem(cfg, overrides: list[str]) -> str | None:
             if key == prefix or key.startswith(prefix + "."):
                 return f"{key}: set, but this run never reads it: {why}"
     return None
-

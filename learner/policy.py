@@ -57,6 +57,26 @@ def deepspeed_config(cfg: LearnerConfig, dtype: str) -> dict:
     return config
 
 
+def make_optimizer(params, cfg: LearnerConfig):
+    """AdamW over ``params`` with ``learner.lr``, ``betas``, ``adam_eps`` and ``weight_decay``,
+    and its schedule: linear warm-up over ``learner.warmup_steps`` optimizer steps, then
+    constant. Returns ``(optimizer, scheduler)``.
+
+    >>> w = torch.nn.Parameter(torch.zeros(1))
+    >>> _, schedule = make_optimizer([w], LearnerConfig(lr=1e-3, warmup_steps=4))
+    >>> schedule.get_last_lr()  # step 0: 1/4 of the rate
+    [0.00025]
+    """
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+    )
+    warmup = cfg.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+    )
+    return optimizer, scheduler
+
+
 def load_policy(model_path: str, cfg: LearnerConfig, dtype: str, *, trainable: bool = True):
     """The transformers causal LM in ``dtype`` with ``learner.attn_implementation``; a trainable
     one gets ``learner.gradient_checkpointing`` (non-reentrant; in ``train()`` mode, the only

@@ -39,6 +39,7 @@ from learner.policy import (
     deepspeed_config,
     learner_dtype,
     load_policy,
+    make_optimizer,
     skip_shm_all_reduce,
 )
 from learner.rank_update import RankUpdate
@@ -151,22 +152,13 @@ class LearnerRank:
         return self.rank
 
     def _deepspeed_engine(self):
-        """The policy with AdamW and the warm-up schedule under DeepSpeed (ZeRO stage, dtype and
-        clipping from the config: learner/policy.py ``deepspeed_config``)."""
+        """The policy with AdamW and the warm-up schedule (learner/policy.py ``make_optimizer``)
+        under DeepSpeed (ZeRO stage, dtype and clipping from the config: ``deepspeed_config``)."""
         import deepspeed
 
         model = load_policy(self.model_path, self.cfg, self.dtype)
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters alone
-            lr=self.cfg.lr,
-            betas=tuple(self.cfg.betas),
-            eps=self.cfg.adam_eps,
-            weight_decay=self.cfg.weight_decay,
-        )
-        warmup = self.cfg.warmup_steps
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters alone
+        optimizer, scheduler = make_optimizer(trained, self.cfg)
         config = deepspeed_config(self.cfg, self.dtype)
         engine, optimizer, _, scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config

@@ -37,7 +37,7 @@ from multiprocessing.connection import wait
 from reward.custom import register_from_env
 from reward.sandbox import make_pool_dir, remove_scratch, sweep_scratch, worker_ids
 from reward.verifiers import VERIFIERS, Verdict, load_verifier_modules
-from reward.worker_io import MAX_MESSAGE, Worker, checked, start_worker
+from reward.worker_io import MAX_MESSAGE, Worker, checked, start_worker, worker_limits
 
 log = logging.getLogger(__name__)
 _MAX_START_FAILURES = 3  # consecutive workers dying before "ready" -> give up with an error
@@ -109,9 +109,7 @@ class VerifierPool:
     def _spawn(self) -> Worker:
         self._spawned += 1
         name = f"w{self._spawned}"
-        cpu = self.cfg.cpu_time_s or math.ceil(2 * self.cfg.timeout_s)
-        hard = math.ceil(self.cfg.start_timeout_s) + self.cfg.max_items_per_worker * cpu
-        limits = (self.cfg.memory_mb * 2**20, hard, cpu)
+        limits = worker_limits(self.cfg)
         proc, inbox, outbox = start_worker(self._dir, name, limits, self._ids, self.cfg.audit_hook)
         return Worker(proc, inbox, outbox, scratch=os.path.join(self._dir, name))
 

@@ -115,6 +115,22 @@ def import_path(parent: Mapping[str, str]) -> list[str]:
     return list(dict.fromkeys([_PROJECT_ROOT, *(p for p in extra if os.path.isabs(p))]))
 
 
+def worker_limits(cfg) -> tuple[int, int, int]:
+    """A worker's ``(address-space bytes, hard CPU seconds, CPU seconds per item)`` from the
+    pool config (reward/pool.py ``PoolConfig``): ``memory_mb``; ``cpu_time_s``, null = 2 x
+    ``timeout_s`` rounded up; the hard limit, ``start_timeout_s`` + ``max_items_per_worker`` x
+    the per-item one, is what a worker may use over its whole life.
+
+    >>> from reward.pool import PoolConfig
+    >>> cfg = PoolConfig(memory_mb=1024, timeout_s=2.5, start_timeout_s=9.5, max_items_per_worker=3)
+    >>> worker_limits(cfg)  # 1024 MiB; ceil(9.5) + 3 x ceil(2 x 2.5) = 10 + 15
+    (1073741824, 25, 5)
+    """
+    cpu = cfg.cpu_time_s or math.ceil(2 * cfg.timeout_s)
+    hard = math.ceil(cfg.start_timeout_s) + cfg.max_items_per_worker * cpu
+    return cfg.memory_mb * 2**20, hard, cpu
+
+
 def start_worker(
     pool_dir: str, name: str, limits: tuple[int, int, int], ids: tuple, audit_hook: bool
 ) -> tuple[subprocess.Popen, Connection, Connection]:
