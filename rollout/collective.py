@@ -37,6 +37,17 @@ def reload_in_place(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> None
             method.process_weights_after_loading(lm_head)
 
 
+def attention_backends(model) -> list[str]:
+    """The attention backends vLLM chose for ``model``'s layers (each layer's ``attn_backend``
+    class names itself: ``FLASH_ATTN``, ``TRITON_ATTN``, ``CPU_ATTN``, ...), sorted, each once."""
+    names = set()
+    for module in model.modules():
+        backend = getattr(module, "attn_backend", None)
+        if backend is not None and hasattr(backend, "get_name"):
+            names.add(str(backend.get_name()))
+    return sorted(names)
+
+
 class VLLMWeightSyncExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); its methods are called by
     name through ``LLM.collective_rpc``. Names carry a prefix: vLLM refuses an extension whose
@@ -60,6 +71,10 @@ class VLLMWeightSyncExtension:
         start = time.perf_counter()
         reload_in_place(self, read_weights(path))
         return time.perf_counter() - start
+
+    def avspo_attention_backends(self) -> list[str]:
+        model = self.get_model() if hasattr(self, "get_model") else self.model_runner.model
+        return attention_backends(model)
 
     def avspo_checksum(self) -> tuple[float, float]:
         model = self.get_model() if hasattr(self, "get_model") else self.model_runner.model

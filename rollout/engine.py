@@ -9,7 +9,7 @@ from typing import Protocol
 
 import torch
 
-from rollout.types import Group, SamplingConfig
+from rollout.types import Group, SamplingConfig, Share
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
@@ -25,15 +25,20 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
 class Engine(Protocol):
     policy_version: int  # the weights' version, stamped on every sample
 
-    def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
-        """``params.n`` samples per prompt, in prompt order, seeded per (prompt, sample)."""
+    def generate(
+        self, prompts: list[str], params: SamplingConfig, shares: list[Share] | None = None
+    ) -> list[Group]:
+        """``params.n`` samples per prompt, in prompt order, seeded per (prompt, sample).
+        ``shares[k]``: which samples of which prompt of the caller's call ``prompts[k]`` stands
+        for (rollout/shares.py): its group holds samples ``start..stop-1``, drawn from the
+        streams of that position and those sample indices; None: ``Share(k, 0, params.n)``."""
 
     def generate_stream(
-        self, prompts: list[str], params: SamplingConfig
+        self, prompts: list[str], params: SamplingConfig, shares: list[Share] | None = None
     ) -> Iterator[list[tuple[int, Group]]]:
         """The groups of :meth:`generate` as they finish: per engine step, ``(prompt index,
-        group)`` of each prompt whose ``params.n`` samples all ended in it (the verifier starts
-        on them while the rest decode). An engine that decodes a static batch yields once."""
+        group)`` of each prompt whose samples all ended in it (the verifier starts on them
+        while the rest decode). An engine that decodes a static batch yields once."""
 
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         """Log-probs of ``response_ids`` after ``prompt_ids``."""

@@ -1,9 +1,10 @@
-"""The driver's handle on its rollout workers: spawns them, spreads prompts over them, merges
-their streams, and restarts one that dies (regenerating its lost prompts with the same seed).
+"""The driver's handle on its rollout workers: spawns them, spreads each call's samples over
+them (a group's samples too: rollout/shares.py), merges their streams into whole groups, and
+restarts one that dies (regenerating its lost samples with the same seeds).
 
-Results come back in prompt order; every remote wait has a timeout; a worker that dies makes the
-call raise :class:`comm.actors.ActorGroupError` naming it unless it can be restarted
-(``rollout.max_restarts``).
+Results come back in prompt order, each group's samples in sample order; every remote wait has
+a timeout; a worker that dies makes the call raise :class:`comm.actors.ActorGroupError` naming
+it unless it can be restarted (``rollout.max_restarts``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from comm.actors import ActorDied, ActorGroupError, get, settle, spawn_actor_gro
 from comm.hub import ModelRef
 from rollout.config import RolloutConfig
 from rollout.seeding import derive_seed
-from rollout.types import Group, SamplingConfig
+from rollout.shares import Assembler, split
+from rollout.types import Group, SamplingConfig, Share
 from rollout.worker import RolloutWorker
 
 logger = logging.getLogger(__name__)
@@ -57,7 +59,8 @@ class RolloutGroup:
         # (rollout/weight_sync.py WeightSync.restore); None: the model it starts with
         self.on_restart = on_restart
         self.restarts = 0  # workers restarted (rollout.max_restarts bounds it)
-        self.regenerated = 0  # prompts whose generation was lost with a worker and redone
+        self.regenerated = 0  # groups (whole or a share) lost with a worker and generated again
+        self.generated = [0] * cfg.num_workers  # samples each worker sent back (a call's share)
         self._ready = [w.ready.remote() for w in self.workers]
         if wait:
             self.wait_ready()
@@ -136,26 +139,25 @@ class RolloutGroup:
         self, prompts: list[str], params: SamplingConfig | None = None
     ) -> Iterator[list[tuple[int, Group]]]:
         """The groups of ``prompts`` as the engines finish them: lists of ``(prompt index,
-        group)``, each prompt once. Prompts are split into contiguous, equal-sized chunks, one
-        per worker; with a seed s, worker i's call is seeded with ``derive_seed(s, "worker",
-        i)`` (its own streams), so a run is reproducible for a given number of workers. A worker
-        that dies is restarted and its chunk generated again with the same seed; the groups it
-        had already sent stand, the rest follow. ``rollout.timeout_s`` bounds the whole call."""
+        group)``, each prompt once with its samples in order. The call's samples are spread over
+        the workers in equal shares (rollout/shares.py ``split``: 1 prompt x 8 samples on 4
+        workers is 2 samples each). With a seed s every worker's call is seeded with
+        ``derive_seed(s, "worker", 0)`` (the name is from when each worker had a seed of its
+        own: one-worker runs keep their samples) and sample j of prompt p draws from its own
+        stream whoever generates it, so the groups do not depend on the number of workers. A
+        worker that dies is restarted and its shares generated again with the same seeds; the
+        pieces it had already sent stand, the rest follow. ``rollout.timeout_s`` bounds the
+        whole call."""
         import ray
 
         params = params or self.cfg.sampling.params(n=self.cfg.n_samples)
-        k = len(self.workers)
-        bounds = [round(i * len(prompts) / k) for i in range(k + 1)]
-        calls = {}
-        for i in range(k):
-            if bounds[i + 1] > bounds[i]:
-                seed = None if params.seed is None else derive_seed(params.seed, "worker", i)
-                calls[i] = (
-                    prompts[bounds[i] : bounds[i + 1]],
-                    dataclasses.replace(params, seed=seed),
-                )
-        streams = {i: self._open_stream(i, *call) for i, call in calls.items()}
-        sent: dict[int, set[int]] = {i: set() for i in calls}  # per worker: indices in its chunk
+        if params.seed is not None:
+            params = dataclasses.replace(params, seed=derive_seed(params.seed, "worker", 0))
+        plan = split(len(prompts), params.n, len(self.workers))
+        calls = {i: shares for i, shares in enumerate(plan) if shares}
+        texts = {i: [prompts[s.position] for s in shares] for i, shares in calls.items()}
+        assembler = Assembler([s for shares in plan for s in shares])
+        streams = {i: self._open_stream(i, texts[i], params, calls[i]) for i in calls}
         deadline = time.monotonic() + self.cfg.timeout_s
         while streams:
             ready, _ = ray.wait(
@@ -170,28 +172,36 @@ class RolloutGroup:
                 )
             i = next(i for i, gen in streams.items() if gen is ready[0])
             try:
-                done = ray.get(next(streams[i]))
+                pieces = ray.get(next(streams[i]))
             except StopIteration:
                 del streams[i]
                 continue
             except RayActorError as err:
                 del streams[i]
                 self.restart(i, f"rollout generation: an actor died ({type(err).__name__}: {err})")
-                self.regenerated += len(calls[i][0])
-                groups = self._generate_on(i, *calls[i])
-                done = [(j, g) for j, g in enumerate(groups) if j not in sent[i]]
-            sent[i].update(j for j, _ in done)
-            yield [(bounds[i] + j, group) for j, group in done]
+                self.regenerated += len(calls[i])
+                # the whole call again (the same batch, so the same numbers); pieces already
+                # received are dropped by the assembler
+                pieces = list(enumerate(self._generate_on(i, texts[i], params, calls[i])))
+            self.generated[i] += sum(len(piece.samples) for _, piece in pieces)
+            whole = [(calls[i][k].position, assembler.add(calls[i][k], g)) for k, g in pieces]
+            done = [(p, group) for p, group in whole if group is not None]
+            if done:
+                yield done
 
-    def _open_stream(self, i: int, prompts: list[str], params: SamplingConfig):
+    def _open_stream(self, i: int, prompts: list[str], params: SamplingConfig, shares):
         return (
-            self.workers[i].generate_stream.options(num_returns="streaming").remote(prompts, params)
+            self.workers[i]
+            .generate_stream.options(num_returns="streaming")
+            .remote(prompts, params, shares)
         )
 
-    def _generate_on(self, i: int, prompts: list[str], params: SamplingConfig) -> list[Group]:
-        """Worker ``i``'s chunk in one call (after a restart), restarting it again if it dies."""
+    def _generate_on(
+        self, i: int, prompts: list[str], params: SamplingConfig, shares: list[Share]
+    ) -> list[Group]:
+        """Worker ``i``'s call in one piece (after a restart), restarting it again if it dies."""
         while True:
-            result = settle({i: self.workers[i].generate.remote(prompts, params)},
+            result = settle({i: self.workers[i].generate.remote(prompts, params, shares)},
                             timeout_s=self.cfg.timeout_s, what="rollout generation")[i]  # fmt: skip
             if not isinstance(result, ActorDied):
                 return result

@@ -2,7 +2,8 @@
 device. The reference for log-prob checks and the fallback when vLLM is not installed.
 
 Sampling follows the contract of rollout/seeding.py: row (prompt p, sample j) draws from its own
-``torch.Generator`` seeded with ``sample_seed(seed, p, j)``, by inverse-CDF sampling of
+``torch.Generator`` seeded with ``sample_seed(seed, p, j)`` (p and j as the call's shares name
+them: rollout/shares.py), by inverse-CDF sampling of
 softmax(logits / T), so two copies of a prompt in one call give independent samples and a row's
 draws do not depend on the other rows. ``Sample.logprobs`` are log-probs of the distribution
 that was sampled, log_softmax(logits / T) (log_softmax(logits) when greedy), as vLLM's
@@ -17,7 +18,8 @@ import torch
 
 from rollout.engine import encode_prompt
 from rollout.seeding import call_seed, sample_seed
-from rollout.types import Group, Sample, SamplingConfig
+from rollout.shares import whole
+from rollout.types import Group, Sample, SamplingConfig, Share
 
 
 class HFEngine:
@@ -37,35 +39,43 @@ class HFEngine:
         self.receiver = None  # the collective sync's end (open_weight_group)
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
-        tok, n = self.tokenizer, params.n
+    def generate(
+        self, prompts: list[str], params: SamplingConfig, shares: list[Share] | None = None
+    ) -> list[Group]:
+        """rollout/engine.py ``Engine.generate``."""
+        tok = self.tokenizer
+        shares = shares or whole(len(prompts), params.n)
+        counts = [s.stop - s.start for s in shares]  # rows of each prompt
         enc = tok.pad({"input_ids": [encode_prompt(tok, p) for p in prompts]}, return_tensors="pt")
         ids = enc["input_ids"].to(self.device)  # [B, P]
         mask = enc["attention_mask"].to(self.device)
         generators = None
         if params.temperature > 0:
-            generators = sample_generators(call_seed(params.seed), ids.shape[0], n)
-        new, logp = self._decode(ids, mask, n, params, generators)  # [R, T] each, R = B * n
-        groups = []
+            generators = sample_generators(call_seed(params.seed), shares)
+        new, logp = self._decode(ids, mask, counts, params, generators)  # [R, T], R = sum(counts)
+        groups, row = [], 0
         for i, prompt in enumerate(prompts):
             prompt_ids = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
-            samples = [self._sample(new[i * n + j], logp[i * n + j]) for j in range(n)]
+            samples = [self._sample(new[r], logp[r]) for r in range(row, row + counts[i])]
             groups.append(Group(prompt=prompt, prompt_ids=prompt_ids, samples=samples))
+            row += counts[i]
         return groups
 
     def generate_stream(
-        self, prompts: list[str], params: SamplingConfig
+        self, prompts: list[str], params: SamplingConfig, shares: list[Share] | None = None
     ) -> Iterator[list[tuple[int, Group]]]:
         """One static batch: every group at once, when the last row stops."""
-        yield list(enumerate(self.generate(prompts, params)))
+        yield list(enumerate(self.generate(prompts, params, shares)))
 
-    def _decode(self, ids, mask, n: int, params: SamplingConfig, generators):
-        """Token ids and their log-probs ``[R, T]`` (R = n rows per prompt of ``ids [B, P]``);
-        rows stop at EOS (padded after it). Each prompt is prefilled once and its KV cache
-        repeated for its n rows."""
+    def _decode(self, ids, mask, counts: list[int], params: SamplingConfig, generators):
+        """Token ids and their log-probs ``[R, T]`` (``counts[b]`` rows for prompt b of
+        ``ids [B, P]``, R = sum(counts)); rows stop at EOS (padded after it). Each prompt is
+        prefilled once and its KV cache copied to its rows."""
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         position = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at 0
-        done = torch.zeros(ids.shape[0] * n, dtype=torch.bool, device=self.device)
+        # row r's prompt: [R]
+        rows = torch.arange(len(counts)).repeat_interleave(torch.tensor(counts)).to(self.device)
+        done = torch.zeros(sum(counts), dtype=torch.bool, device=self.device)
         past, step_ids, tokens, logps = None, ids, [], []
         for i in range(params.max_new_tokens):
             out = self.model(
@@ -78,11 +88,9 @@ class HFEngine:
             )
             past = out.past_key_values
             logits = out.logits[:, -1].float()  # [R, V] ([B, V] after the prefill)
-            if i == 0 and n > 1:  # the prefill ran once per prompt: n rows each from here on
-                past.batch_repeat_interleave(n)
-                logits = logits.repeat_interleave(n, dim=0)
-                mask = mask.repeat_interleave(n, dim=0)
-                position = position.repeat_interleave(n, dim=0)
+            if i == 0 and counts != [1] * len(counts):  # the prefill ran once per prompt
+                past.batch_select_indices(rows)
+                logits, mask, position = logits[rows], mask[rows], position[rows]
             if generators is None:
                 logp_all = torch.log_softmax(logits, -1)
                 token = logits.argmax(-1)
@@ -182,13 +190,14 @@ class HFEngine:
         self._copy_in(self.receiver.receive(version), version)
 
 
-def sample_generators(seed: int, prompts: int, n: int) -> list[torch.Generator]:
-    """One CPU generator per row (prompt p, sample j), seeded ``sample_seed(seed, p, j)``. On the
-    CPU whatever device the model is on: the uniform draws are made there (:func:`_draw`), so a
-    row's stream is the same on every device."""
+def sample_generators(seed: int, shares: list[Share]) -> list[torch.Generator]:
+    """One CPU generator per row, sample j of the prompt at position p of each share in turn,
+    seeded ``sample_seed(seed, p, j)``. On the CPU whatever device the model is on: the uniform
+    draws are made there (:func:`_draw`), so a row's stream is the same on every device."""
     return [
-        torch.Generator("cpu").manual_seed(sample_seed(seed, r // n, r % n))
-        for r in range(prompts * n)
+        torch.Generator("cpu").manual_seed(sample_seed(seed, s.position, j))
+        for s in shares
+        for j in range(s.start, s.stop)
     ]
 
 

@@ -48,6 +48,17 @@ class SamplingSettings:
         return SamplingConfig(n=n, seed=seed, **{**dataclasses.asdict(self), **changes})
 
 
+@dataclass(frozen=True)
+class Share:
+    """Samples ``[start, stop)`` of the prompt at ``position`` of a call: what one worker
+    generates of that prompt's group when a group is spread over workers (rollout/shares.py).
+    Sample j draws from the stream ``sample_seed(s, position, j)`` (rollout/seeding.py)."""
+
+    position: int
+    start: int
+    stop: int
+
+
 @dataclass
 class Sample:
     response_ids: list[int]  # generated tokens, EOS included when generation stopped on it

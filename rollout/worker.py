@@ -7,12 +7,14 @@ The driver never calls a worker directly: :class:`rollout.group.RolloutGroup` do
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
 from comm.hub import ModelRef, node_folder
 from rollout.config import RolloutConfig
-from rollout.types import Group, SamplingConfig
+from rollout.precision import precision_env
+from rollout.types import Group, SamplingConfig, Share
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +25,8 @@ def make_engine(
     """The configured engine; ``device``: what the actor reserved (comm/devices.py)."""
     engine = cfg.engine
     if engine == "vllm":
+        for key, value in precision_env(dtype).items():  # before vLLM (and Triton) start
+            os.environ.setdefault(key, value)
         try:
             import vllm  # noqa: F401
         except ImportError:
@@ -31,20 +35,7 @@ def make_engine(
     if engine == "vllm":
         from rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(
-            model_path,
-            dtype=dtype,
-            max_model_len=cfg.max_model_len,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            kv_cache_gib=cfg.kv_cache_gib,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            enforce_eager=cfg.enforce_eager,
-            max_num_seqs=cfg.max_num_seqs,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            sleep_mode=sleep_mode,
-            device=device,
-        )
+        return VLLMEngine(model_path, cfg, dtype=dtype, sleep_mode=sleep_mode, device=device)
     from rollout.hf_engine import HFEngine
 
     return HFEngine(model_path, dtype=dtype, device=device)
@@ -92,16 +83,23 @@ class RolloutWorker:
         self.threads = torch.get_num_threads()
 
     def ready(self) -> str:
-        """The engine and its device, e.g. ``HFEngine on cuda``."""
-        return f"{type(self.engine).__name__} on {self.device}"
+        """The engine and its device, e.g. ``HFEngine on cuda``; a vLLM engine adds its attention
+        backend and, in fp32, its Triton precision (``VLLMEngine on cuda, attention
+        TRITON_ATTN, TRITON_F32_DEFAULT=ieee``). The driver logs it (``engines: ...``)."""
+        about = getattr(self.engine, "about", "")
+        return f"{type(self.engine).__name__} on {self.device}" + (f", {about}" if about else "")
 
-    def generate(self, prompts: list[str], params: SamplingConfig) -> list[Group]:
-        return self.engine.generate(prompts, params)
+    def generate(
+        self, prompts: list[str], params: SamplingConfig, shares: list[Share] | None = None
+    ) -> list[Group]:
+        return self.engine.generate(prompts, params, shares)
 
-    def generate_stream(self, prompts: list[str], params: SamplingConfig):
+    def generate_stream(
+        self, prompts: list[str], params: SamplingConfig, shares: list[Share] | None = None
+    ):
         """A Ray streaming generator: each item is what the engine finished in one step,
         ``[(prompt index, group), ...]`` (rollout/engine.py ``generate_stream``)."""
-        yield from self.engine.generate_stream(prompts, params)
+        yield from self.engine.generate_stream(prompts, params, shares)
 
     def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         return self.engine.score(prompt_ids, response_ids)

@@ -151,6 +151,7 @@ def main() -> None:
     from launch.models.bootstrap import ensure_model
     from launch.models.model_config import ModelConfig
     from reward.tasks import TaskConfig, make_task
+    from rollout.config import RolloutConfig
     from rollout.types import SamplingConfig
     from rollout.vllm_engine import VLLMEngine
 
@@ -158,7 +159,10 @@ def main() -> None:
     if args.max_num_batched_tokens:
         lift_token_budget(args.max_num_batched_tokens)
     t0 = time.perf_counter()
-    engine = VLLMEngine(folder, dtype=args.dtype, max_model_len=512)
+    # max_num_seqs null: vLLM's default, as before the engine took a RolloutConfig
+    engine = VLLMEngine(
+        folder, RolloutConfig(max_model_len=512, max_num_seqs=None), dtype=args.dtype
+    )
     tok = engine.tokenizer
     print(f"engine ({args.dtype}) started in {time.perf_counter() - t0:.1f} s", flush=True)
     engine.generate(["Hi"], SamplingConfig(n=1, temperature=0.0, max_new_tokens=4))  # warm-up

