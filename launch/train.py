@@ -63,11 +63,10 @@ def main(raw: DictConfig) -> None:
 
     from launch.models.bootstrap import pin_revision
     from launch.models.dtype import resolve_dtype
-    from launch.validation import refuse_unread
 
     with exit_on_config_error():
         cfg = to_train_config(raw)
-        refuse_unread(cfg, list(HydraConfig.get().overrides.task))  # a --multirun job's too
+        check_unread(cfg, HydraConfig.get())
         pin_revision(cfg.model)  # a hub id: the commit its revision names now, in config.yaml
         resolve_dtype(cfg.model)  # auto: this machine's choice, in config.yaml
     run_dir = Path(cfg.trainer.run_dir or HydraConfig.get().runtime.output_dir)
@@ -113,6 +112,22 @@ def main(raw: DictConfig) -> None:
 
             shutdown_ray()
     print_end(cfg, final, run_dir)
+
+
+def check_unread(cfg, hydra_cfg) -> None:
+    """A key of this run's overrides that it never reads (launch/unread_keys.py): refused, except
+    in a ``--multirun`` job, where an override shared by the sweep may be read by other jobs
+    (``algorithm=grpo,avspo algorithm.trigger.policy=always``): there it is one note line."""
+    from hydra.types import RunMode
+
+    from launch.unread_keys import unread_problem
+    from launch.validation import ConfigError
+
+    problem = unread_problem(cfg, list(hydra_cfg.overrides.task))
+    if problem and hydra_cfg.mode == RunMode.MULTIRUN:
+        print(f"note: {problem}", flush=True)
+    elif problem:
+        raise ConfigError(problem)
 
 
 def print_end(cfg, final: dict, run_dir: Path) -> None:

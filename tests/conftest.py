@@ -39,6 +39,12 @@ DATASETS_CACHE = os.environ.setdefault(
 
 # Rollout/learner tests use FAST_TINY (launch/models/tiny_model.py), a small model that ships with
 # the project (launch/assets/tiny-fast): it emits EOS and mixes right and wrong answers.
+def fast_tiny_model(tiny_model_dir: str) -> list[str]:
+    """Hydra overrides that select FAST_TINY alone, for a run on another task (a dataset task
+    never reads the arithmetic level: launch/unread_keys.py refuses it)."""
+    return tiny_overrides(FAST_TINY)
+
+
 def fast_tiny_overrides(tiny_model_dir: str) -> list[str]:
     """Hydra overrides that select FAST_TINY (the shipped model the ``tiny_model_dir`` fixture
     resolves) and the easy task level it handles (L1)."""

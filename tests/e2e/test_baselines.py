@@ -104,7 +104,7 @@ def test_release_rule_fires_on_collapsed_groups_with_the_model_from_the_hub(
             "task.answer_format=plain", "task.prompt_template='{question}='",
         ]  # fmt: skip
         stdout = run_train(
-            run_dir, *fast_tiny_overrides(tiny_model_dir), *SHORT, *task, "algorithm=avspo_release",
+            run_dir, *SHORT, *task, "algorithm=avspo_release",
             "model.source=path", "model.path=avspo-test/tiny-fast",
             # a model by path with the tiny model's own limits and lr is refused (meant for
             # real models): one token and one position more (its answers are ~4 tokens), lr /2

@@ -90,6 +90,8 @@ def test_grpo_and_avspo_as_a_two_job_multirun_on_the_same_rewards(tmp_path, tiny
     assert len(seen) >= 5, seen  # Ray alone opens ~10 (GCS, raylet x2, agents, workers)
     assert len([a for a, _, _ in seen if not is_loopback(a)]) >= 2, seen
     assert out.count("held-out accuracy:") == 2, out[-3000:]
+    # the sweep's shared trigger override is avspo's: a note in the grpo job, not a refusal
+    assert out.count("note: algorithm.trigger.policy: set, but this run never reads it") == 1
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [p.name for p in jobs] == ["0", "1"]
     for job, algorithm in zip(jobs, ("grpo", "avspo"), strict=True):

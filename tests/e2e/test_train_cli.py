@@ -19,7 +19,7 @@ import pytest
 
 from learner import checkpoint
 from reward.tasks import TaskConfig, make_task
-from tests.conftest import fast_tiny_overrides
+from tests.conftest import fast_tiny_model, fast_tiny_overrides
 from tests.e2e.runs import (
     ROOT,
     deterministic,
@@ -266,7 +266,7 @@ def test_bad_data_exits_2_naming_file_and_row(tmp_path, case, capsys):
 def test_a_bad_data_row_stops_the_run_with_exit_2_before_any_actor(tmp_path, tiny_model_dir):
     good, bad, want = _bad_data_file(tmp_path, "bad_row")
     out = subprocess.run(
-        train_cmd(tmp_path / "run", *fast_tiny_overrides(tiny_model_dir), "task=gsm8k",
+        train_cmd(tmp_path / "run", *fast_tiny_model(tiny_model_dir), "task=gsm8k",
                   f"task.train_file={bad}", f"task.test_file={good}"),
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
         timeout=300,

@@ -10,7 +10,7 @@ import pytest
 from reward.arithmetic import sample_problems
 from reward.data import DataError
 from reward.tasks import TaskConfig, make_task
-from tests.conftest import fast_tiny_overrides
+from tests.conftest import fast_tiny_model
 from tests.e2e.runs import rows, run_train
 
 VERL = ["task.question_key=prompt", "task.answer_key=reward_model.ground_truth",
@@ -80,7 +80,7 @@ def test_a_verl_parquet_trains_two_steps_with_rendered_prompts(
     write_verl_parquet(train, problems[:12])
     write_verl_parquet(test, problems[12:])
     stdout = run_train(
-        tmp_path / "run", *fast_tiny_overrides(tiny_model_dir), "task=gsm8k",
+        tmp_path / "run", *fast_tiny_model(tiny_model_dir), "task=gsm8k",
         f"task.train_file={train}", f"task.test_file={test}", *VERL, "rollout=hf",
         "trainer.total_steps=2", "trainer.prompts_per_step=4", "trainer.eval_every=0",
         "trainer.eval_pass_k=0", "logger.report=false", *joined_ray,
@@ -118,7 +118,7 @@ def test_a_verl_reward_function_trains_two_steps_with_task_custom(
     reward = tmp_path / "my_reward.py"
     reward.write_text(VERL_REWARD)
     run_train(
-        tmp_path / "run", *fast_tiny_overrides(tiny_model_dir), "task=custom",
+        tmp_path / "run", *fast_tiny_model(tiny_model_dir), "task=custom",
         f"task.verifier={reward}:compute_score", f"task.train_file={train}",
         f"task.test_file={test}", "rollout=hf", "trainer.total_steps=2",
         "trainer.prompts_per_step=4", "trainer.eval_every=0", "trainer.eval_pass_k=0",
