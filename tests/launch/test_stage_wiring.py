@@ -1,6 +1,8 @@
 """Issue 61, item 3, the driver's side: the verifier keys the driver forwards itself
-(``verifier.call_timeout_s``, ``verifier.max_restarts``, ``verifier.alert_frac``) reach what
-they bound, each set to a non-default value (no Ray: the actor and the wait are stand-ins)."""
+(``verifier.call_timeout_s``, ``verifier.max_restarts``, ``verifier.alert_frac``) and the
+rollout group's (``rollout.num_workers``, ``max_restarts``, ``start_timeout_s``, ``timeout_s``)
+reach what they bound, each set to a non-default value (no Ray: actors and waits are
+stand-ins)."""
 
 from __future__ import annotations
 
@@ -52,3 +54,47 @@ def test_alert_frac_reaches_the_verifier_health_check():
     cfg.verifier.alert_frac = 0.05  # the default is 0.2
     trainer = _trainer(cfg, [Problem(f"p{i}", "q", "q", "1") for i in range(2)], FakeStages({}))
     assert isinstance(trainer, Trainer) and trainer.health.alert_frac == 0.05
+
+
+class _Worker:
+    """A stand-in rollout worker: ``ready.remote()`` and ``sleep.remote()`` return names."""
+
+    class _Method:
+        def __init__(self, value):
+            self.value = value
+
+        def remote(self, *args):
+            return self.value
+
+    def __init__(self, i: int):
+        self.ready, self.sleep = self._Method(f"engine {i}"), self._Method(None)
+
+
+def test_rollout_keys_reach_the_group(monkeypatch):
+    """``rollout.num_workers``, ``max_restarts``, ``start_timeout_s`` and ``timeout_s`` (each
+    non-default) bound the group's workers, restarts and waits."""
+    import rollout.group as group
+    from rollout.config import RolloutConfig
+
+    cfg = RolloutConfig(num_workers=3, max_restarts=1, start_timeout_s=11.0, timeout_s=13.0)
+    defaults = RolloutConfig()
+    assert (defaults.num_workers, defaults.max_restarts) == (1, 3)
+    assert (defaults.start_timeout_s, defaults.timeout_s) == (900.0, 600.0)
+    spawned, waits = [], []
+    monkeypatch.setattr(
+        group.RolloutGroup, "_spawn", lambda self, i: spawned.append(i) or _Worker(i)
+    )
+
+    def get(refs, timeout_s, what):
+        waits.append((what, timeout_s))
+        return list(refs)
+
+    monkeypatch.setattr(group, "get", get)
+    g = group.RolloutGroup(cfg, "model", "float32")
+    assert spawned == [0, 1, 2] and g.engines == ["engine 0", "engine 1", "engine 2"]
+    g.sleep()
+    g.restart(1, "died once")
+    with pytest.raises(ActorGroupError, match=r"rollout.max_restarts \(1\) reached"):
+        g.restart(1, "died twice")
+    assert waits == [("starting rollout workers", 11.0), ("sleep", 13.0),
+                     ("restarting rollout worker 1", 11.0)]  # fmt: skip
