@@ -1,7 +1,8 @@
 """Issue 61, item 3, the driver's side: the verifier keys the driver forwards itself
-(``verifier.call_timeout_s``, ``verifier.max_restarts``, ``verifier.alert_frac``) and the
+(``verifier.call_timeout_s``, ``verifier.max_restarts``, ``verifier.alert_frac``), the
 rollout group's (``rollout.num_workers``, ``max_restarts``, ``start_timeout_s``, ``timeout_s``)
-reach what they bound, each set to a non-default value (no Ray: actors and waits are
+and the learner group's (``learner.num_ranks``, ``timeout_s``, ``micro_batch_tokens``) reach
+what they bound, each set to a non-default value (no Ray: actors and waits are
 stand-ins)."""
 
 from __future__ import annotations
@@ -98,3 +99,44 @@ def test_rollout_keys_reach_the_group(monkeypatch):
         g.restart(1, "died twice")
     assert waits == [("starting rollout workers", 11.0), ("sleep", 13.0),
                      ("restarting rollout worker 1", 11.0)]  # fmt: skip
+
+
+class _Rank:
+    """A stand-in learner rank: what LearnerGroup asks of it while starting."""
+
+    def __init__(self, args):
+        self.args = args
+        self.address = _Worker._Method(("127.0.0.1", 29500))
+        self.init = _Worker._Method("up")
+
+
+def test_learner_keys_reach_the_ranks_and_the_groups_waits(monkeypatch):
+    """``learner.num_ranks``, ``timeout_s`` and ``micro_batch_tokens`` (non-default) shape the
+    group, and every rank is built from the run's own config object (what the rank reads of
+    it inside DeepSpeed's start, ``seed``, ``bf16_masters``, ``tis_cap``, only slow tests
+    cover: tests/learner/test_bf16_masters.py, test_checkpoint.py)."""
+    import learner.group as group
+    from learner.config import LearnerConfig
+    from learner.loss import LossConfig
+
+    cfg = LearnerConfig(num_ranks=3, timeout_s=17.0, micro_batch_tokens=512, seed=5)
+    defaults = LearnerConfig()
+    assert (defaults.num_ranks, defaults.timeout_s, defaults.micro_batch_tokens) == (2, 900.0, None)
+    spawned, waits = [], []
+
+    def spawn(cls, count, *args, **kwargs):
+        spawned.append((args, kwargs))
+        return [_Rank(args)]
+
+    def get(refs, timeout_s, what):
+        waits.append((what, timeout_s))
+        return list(refs)
+
+    monkeypatch.setattr(group, "spawn_actor_group", spawn)
+    monkeypatch.setattr(group, "get", get)
+    g = group.LearnerGroup(cfg, LossConfig(), "model", dtype="bfloat16", resources=(0.5, 0.0))
+    assert [a[:3] for a, _ in spawned] == [(r, 3, cfg) for r in range(3)]
+    assert all(a[5] == "bfloat16" and k["num_cpus"] == 0.5 for a, k in spawned)
+    assert [k["first_bundle"] for _, k in spawned] == [0, 1, 2]
+    assert waits == [("learner rank 0 address", 17.0), ("starting DeepSpeed learner ranks", 17.0)]
+    assert g.micro_batch_tokens == 512
