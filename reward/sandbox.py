@@ -292,9 +292,10 @@ _PATH_WRITES = _events(
 _PATH_READS = _events("os.listdir os.scandir glob.glob")
 _TWO_PATHS = frozenset({"os.rename", "os.link", "os.symlink"})
 _DIR_FD_AT = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.chmod": 2, "os.chown": 3,
-              "os.utime": 4, "os.rename": 2, "os.link": 2, "os.symlink": 2,
+              "os.utime": 3, "os.rename": 2, "os.link": 2, "os.symlink": 2,
               "shutil.rmtree": 1}  # fmt: skip
-"""Where each event carries its ``dir_fd`` (``os.rename``/``os.link``: two, from there)."""
+"""Where each event carries its ``dir_fd`` (``os.rename``/``os.link``: two, from there); an
+``os.*`` event gives -1 for none (``shutil.rmtree`` gives None)."""
 _FUNCTION_PARTS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__globals__"})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -339,7 +340,7 @@ def _hook(
     elif event == "object.__setattr__":
         if args[1] == "__code__" or (args[0] in guarded and args[1] in _FUNCTION_PARTS):
             raise PermissionError(f"sandbox: setting {args[1]} of {args[0]!r} is refused")
-    elif any(a is not None for a in args[_DIR_FD_AT.get(event, len(args)) :]):
+    elif any(a not in (None, -1) for a in args[_DIR_FD_AT.get(event, len(args)) :]):
         raise PermissionError(f"sandbox: {event} with a dir_fd is refused")
     elif event in _PATH_WRITES:
         if not isinstance(args[0], int) and not inside(args[0], scratch):

@@ -143,10 +143,21 @@ def _probe_state(response: str, reference: str) -> Verdict:
 
 @register_verifier("_probe_scratch")
 def _probe_scratch(response: str, reference: str) -> Verdict:
-    """The scratch folder works: a file written in the working directory reads back."""
+    """The scratch folder works: a file written in the working directory reads back, and a
+    folder made, a file renamed and removed there, as a library's lock or cache file is
+    (matplotlib's font cache: ``Path.open("xb")`` then ``unlink``)."""
+    home = os.environ["HOME"]
     _write("note.txt")
-    with open(os.path.join(os.environ["HOME"], "note.txt")) as f:
-        return OK if f.read() == "x" else Verdict(0.0, "wrong")
+    with open(os.path.join(home, "note.txt")) as f:
+        if f.read() != "x":
+            return Verdict(0.0, "wrong")
+    os.mkdir(os.path.join(home, "cache"))
+    _write(os.path.join(home, "cache", "a.tmp"))
+    os.rename(os.path.join(home, "cache", "a.tmp"), os.path.join(home, "cache", "a"))
+    os.utime(os.path.join(home, "cache", "a"))
+    os.remove(os.path.join(home, "cache", "a"))
+    os.rmdir(os.path.join(home, "cache"))
+    return OK
 
 
 def _pool_pipe() -> int:
