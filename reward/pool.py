@@ -273,7 +273,8 @@ class VerifierPool:
                 )
             elif not w.ready and now >= w.started + self.cfg.start_timeout_s:
                 raise RuntimeError(
-                    f"a verifier worker did not start within {self.cfg.start_timeout_s} s"
+                    f"a verifier worker did not start within {self.cfg.start_timeout_s} s "
+                    "(verifier.start_timeout_s)"
                 )
 
     def _receive(self, w: Worker, results: list, lowest: float, highest: float) -> None:

@@ -66,3 +66,21 @@ def test_a_started_pool_holds_what_its_config_says():
     if not report["rlimits"].startswith("in force"):
         pytest.skip(f"rlimits are not in force on this machine: {report['rlimits']}")
     assert "address space 700 MiB, 23 CPU s in all" in report["rlimits"]
+
+
+def test_start_timeout_s_is_the_warm_up_deadline(monkeypatch):
+    """A verifier whose warm-up (its slow imports, in each worker before its first item) takes
+    1.5 s: under ``start_timeout_s`` 0.5 the pool stops with one error naming the key; under the
+    default (60 s) the same items pass (test_pool.py)."""
+    from reward.pool import VerifierPool
+
+    monkeypatch.setenv("AVSPO_VERIFIER_MODULES", "tests.reward.fault_verifiers")
+    with VerifierPool(PoolConfig(num_workers=1, start_timeout_s=4.0)) as pool:
+        pool.verify(["x"], [""], verifier="_test_score")
+        while not all(w.ready for w in [*pool._workers, pool._spare]):  # the spare too
+            pool._collect([], 0.0, 0.0)  # started: the start clock is done
+        # 0.5 s from here on (the pool reads its config at each use): too short for a worker's
+        # own start on a loaded machine, so the worker starts under 4 s first
+        pool.cfg = dataclasses.replace(pool.cfg, start_timeout_s=0.5)
+        with pytest.raises(RuntimeError, match=r"within 0\.5 s \(verifier\.start_timeout_s\)"):
+            pool.verify(["x"], [""], verifier="_test_slow_warm")

@@ -158,3 +158,74 @@ def test_weight_sync_keys_reach_the_transport():
     )
     # auto: NCCL when the engines hold GPUs
     assert sync_for(weight_sync="collective", num_gpus_per_worker=1.0).transport.backend == "nccl"
+
+
+# ---- the worker's own settings (rollout/worker.py RolloutWorker, no Ray, a stand-in engine) --
+
+
+@pytest.fixture
+def worker_for(monkeypatch):
+    """Builds the actor body with ``make_engine`` recorded and the reserved device chosen; the
+    environment, torch's thread count and dynamo's switch it sets are restored after."""
+    from torch._dynamo import config as dynamo_config
+
+    import rollout.worker as worker_module
+
+    for key in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.delenv(key, raising=False)
+    # (monkeypatch cannot read dynamo's config module's attributes: saved and restored here)
+    threads, disabled = torch.get_num_threads(), dynamo_config.disable
+    dynamo_config.disable = False
+    made = []
+
+    def build(cfg, device="cpu", **kwargs):
+        monkeypatch.setattr("comm.devices.reserved_device", lambda gpus: device)
+        monkeypatch.setattr(worker_module, "make_engine", lambda *a: made.append(a) or "engine")
+        return worker_module.RolloutWorker(cfg, "/models/m", "bfloat16", **kwargs), made[-1]
+
+    yield build
+    torch.set_num_threads(threads)
+    dynamo_config.disable = disabled
+
+
+def test_the_worker_builds_its_engine_as_configured(worker_for):
+    cfg = RolloutConfig(engine="hf")
+    worker, args = worker_for(cfg, sleep_mode=True)
+    assert args == (cfg, "/models/m", "bfloat16", True, "cpu") and worker.engine == "engine"
+    assert worker_for(cfg, device="cuda")[1][-2:] == (False, "cuda")  # the reserved device
+
+
+def test_num_cpus_per_worker_sets_torch_threads_unless_the_driver_says(worker_for):
+    # 3 cores a worker: 3 torch threads (the default, 1 core: 1); a driver's count wins
+    assert worker_for(RolloutConfig(num_cpus_per_worker=3))[0].threads == 3
+    assert worker_for(RolloutConfig())[0].threads == 1
+    assert worker_for(RolloutConfig(num_cpus_per_worker=3), threads=2)[0].threads == 2
+
+
+def test_the_cores_a_cpu_engine_binds_to(worker_for):
+    import os
+
+    worker_for(RolloutConfig())
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ  # none given: vLLM's own choice
+    worker_for(RolloutConfig(), cpus=[0, 1])
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+
+
+def test_a_cpu_engine_runs_in_the_actors_process_a_gpu_one_in_its_own(worker_for, monkeypatch):
+    import os
+
+    worker_for(RolloutConfig(), device="cuda")
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    worker_for(RolloutConfig())
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_enforce_eager_turns_torch_compile_off_in_a_cpu_worker(worker_for):
+    from torch._dynamo import config as dynamo_config
+
+    worker_for(RolloutConfig(enforce_eager=False))
+    assert dynamo_config.disable is False
+    worker_for(RolloutConfig(enforce_eager=True), device="cuda")  # GPUs: vLLM's own choice
+    assert dynamo_config.disable is False
+    worker_for(RolloutConfig(enforce_eager=True))
+    assert dynamo_config.disable is True
