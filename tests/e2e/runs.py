@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -78,18 +79,23 @@ STARTED: list[subprocess.Popen] = []  # start_train's runs: stopped at the end i
 
 
 def start_train(
-    run_dir: Path | None, *overrides: str, cwd: Path = ROOT, argv: list[str] | None = None
+    run_dir: Path | None,
+    *overrides: str,
+    cwd: Path = ROOT,
+    argv: list[str] | None = None,
+    env: dict | None = None,
 ) -> subprocess.Popen:
     """A training run with its own sid (``setsid``: its processes are findable and killable;
     one still going when the pytest run ends, e.g. on Ctrl-C, is killed: tests/conftest.py).
     ``run_dir`` None: Hydra's default, a timestamped folder under ``cwd``/outputs, as a user's
-    run without ``trainer.run_dir``; ``argv``: the whole command instead."""
+    run without ``trainer.run_dir``; ``argv``: the whole command instead; ``env``: the whole
+    environment (default: this one with PYTHONPATH the checkout)."""
     if argv is None:
         argv = train_cmd(run_dir, *overrides) if run_dir else [*train_cmd(Path())[:3], *overrides]
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -212,3 +218,28 @@ def watch_listening(proc: subprocess.Popen, before: set, deadline: float):
     for t in readers:
         t.join(timeout=60)
     return seen, out.get("stdout", ""), out.get("stderr", "")
+
+
+def private_copy(base: Path) -> Path:
+    """The tracked files copied into ``base/outer/inner/checkout`` (outer and inner 0700, the
+    caller's: as root, a clone under the 0700 /root, the default on GPU clouds and in
+    containers), with ``.venv`` a link to this checkout's, so the interpreter too sits under
+    the 0700 folders. Run it with :func:`private_env` (no PYTHONPATH back to this checkout)."""
+    outer = base / "outer"
+    inner = outer / "inner"
+    checkout = inner / "checkout"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    for name in filter(None, files.stdout.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, checkout / name)
+    (checkout / ".venv").symlink_to(Path(sys.prefix))
+    for folder in (outer, inner):
+        folder.chmod(0o700)
+    return checkout
+
+
+def private_env() -> dict[str, str]:
+    """This environment without PYTHONPATH: a run from :func:`private_copy` imports its own
+    copy of the project, as a clone's does."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
