@@ -19,8 +19,34 @@ turn (``task.system_prompt``), as the paper's authors prompt Qwen2.5-Math.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from reward.tasks import Problem
+
+# tokenizer classes that are the tokenizers library's own (tokenizer.json), with nothing of a
+# model's: what AutoTokenizer picks for them is this class itself
+PLAIN_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_tokenizer(folder: str):
+    """``AutoTokenizer.from_pretrained(folder)``. Where the folder's tokenizer is a plain
+    tokenizers-library one (``tokenizer_class`` in :data:`PLAIN_TOKENIZERS`, with its
+    tokenizer.json: the shipped tiny models), that class loads it directly, as AutoTokenizer
+    would, without importing transformers' model registry: ~1.6 core-s less for each driver
+    process (docs/NOTES.md). Any other class (a model's own, e.g. Qwen2Tokenizer): AutoTokenizer."""
+    config = Path(folder) / "tokenizer_config.json"
+    try:
+        plain = json.loads(config.read_text()).get("tokenizer_class") in PLAIN_TOKENIZERS
+    except (OSError, ValueError):
+        plain = False
+    if plain and (Path(folder) / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(folder)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def render(

@@ -19,7 +19,7 @@ from launch.cluster_fit import scale_cpu
 from launch.config import TrainConfig, learner_seed
 from launch.models.bootstrap import resolve_model
 from launch.models.dtype import resolve_dtype
-from launch.prompts import render
+from launch.prompts import load_tokenizer, render
 from launch.resume import check_resumable, resolve_resume
 from launch.sampler import make_sampler
 from launch.validation import ConfigError
@@ -190,8 +190,6 @@ class Stages:
 def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True) -> Stages:
     """The run's stages from its config; ``train=False``: no learner (an evaluation of the
     model, or of the checkpoint ``trainer.resume`` names). ConfigErrors come before any actor."""
-    from transformers import AutoTokenizer
-
     ckpt_root = Path(run_dir) / "checkpoints"
     if train and ckpt_root.is_dir():
         for name in checkpoint.clean_stale(ckpt_root):
@@ -204,7 +202,7 @@ def build_stages(cfg: TrainConfig, run_dir: Path, log=print, train: bool = True)
     model_path = model.folder
     if resume_from is not None and not train:  # evaluate a checkpoint's weights
         model = model_path = str(resume_from / "model")
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)
     task, eval_sets = tasks_of(cfg, tokenizer, train, log)
     task, eval_sets, over_long = fit_context(cfg, task, eval_sets, tokenizer, train, log)
     if train and resume_from is not None:

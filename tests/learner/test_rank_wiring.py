@@ -4,8 +4,10 @@ seeds torch before the policy is built and draws the bf16 dither, ``bf16_masters
 dither, ``kl_coef`` > 0 loads the frozen reference and hands it to the update, ``tis_cap``
 truncates the importance weights of recomputed old log-probs. Each key is set to a value other
 than its default and must change what the rank does. No Ray, no DeepSpeed, no process group:
-the rank's collaborators are stand-ins that record what they get (a real DeepSpeed start of
-these paths: tests/learner/test_bf16_masters.py, test_checkpoint.py, marked slow)."""
+the rank's collaborators are stand-ins that record what they get. (The same paths in real
+DeepSpeed ranks, marked slow: the dither in tests/learner/test_bf16_masters.py and
+test_checkpoint.py, the reference in test_learner_ray.py ``test_kl_to_the_reference_model``,
+tis_cap in its ``test_recompute_mode_logs_the_mismatch_and_weights_tokens``.)"""
 
 from __future__ import annotations
 
