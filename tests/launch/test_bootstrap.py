@@ -272,3 +272,20 @@ def test_the_readme_names_the_default_weights_id():
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert f"weights id `{DEFAULT_WEIGHTS_ID}`" in readme
+
+
+def test_the_conversion_builds_gguf_s_name_map_once_and_puts_it_back():
+    """launch/models/smollm.py ``one_tensor_name_map``: one map per (architecture, blocks)
+    while converting (transformers asks once per submodule), gguf's own function after."""
+    import gguf
+
+    from launch.models.smollm import one_tensor_name_map
+
+    original = gguf.get_tensor_name_map
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == "llama")
+    with one_tensor_name_map():
+        first = gguf.get_tensor_name_map(arch, 30)
+        assert gguf.get_tensor_name_map(arch, 30) is first
+        assert gguf.get_tensor_name_map(arch, 2) is not first
+    assert gguf.get_tensor_name_map is original
+    assert original(arch, 30) is not original(arch, 30)  # built anew at each call
