@@ -9,6 +9,7 @@ transformers engine on the shipped tiny model (a second)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -166,14 +167,16 @@ def test_weight_sync_keys_reach_the_transport():
 @pytest.fixture
 def worker_for(monkeypatch):
     """Builds the actor body with ``make_engine`` recorded and the reserved device chosen; the
-    environment, torch's thread count and dynamo's switch it sets are restored after."""
+    environment, torch's thread count and dynamo's switch it sets are restored after. (Saved
+    and restored here: monkeypatch cannot read dynamo's config module's attributes, and its
+    ``delenv`` of an absent key records nothing, so a key the worker then sets would outlive
+    the test in this process and in what it starts later.)"""
     from torch._dynamo import config as dynamo_config
 
     import rollout.worker as worker_module
 
-    for key in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING"):
-        monkeypatch.delenv(key, raising=False)
-    # (monkeypatch cannot read dynamo's config module's attributes: saved and restored here)
+    keys = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING")
+    saved = {key: os.environ.pop(key, None) for key in keys}
     threads, disabled = torch.get_num_threads(), dynamo_config.disable
     dynamo_config.disable = False
     made = []
@@ -186,6 +189,10 @@ def worker_for(monkeypatch):
     yield build
     torch.set_num_threads(threads)
     dynamo_config.disable = disabled
+    for key, value in saved.items():
+        os.environ.pop(key, None)
+        if value is not None:
+            os.environ[key] = value
 
 
 def test_the_worker_builds_its_engine_as_configured(worker_for):
@@ -203,17 +210,13 @@ def test_num_cpus_per_worker_sets_torch_threads_unless_the_driver_says(worker_fo
 
 
 def test_the_cores_a_cpu_engine_binds_to(worker_for):
-    import os
-
     worker_for(RolloutConfig())
     assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ  # none given: vLLM's own choice
     worker_for(RolloutConfig(), cpus=[0, 1])
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
 
 
-def test_a_cpu_engine_runs_in_the_actors_process_a_gpu_one_in_its_own(worker_for, monkeypatch):
-    import os
-
+def test_a_cpu_engine_runs_in_the_actors_process_a_gpu_one_in_its_own(worker_for):
     worker_for(RolloutConfig(), device="cuda")
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
     worker_for(RolloutConfig())
