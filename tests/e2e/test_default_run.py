@@ -56,8 +56,11 @@ def test_default_run_learns_logs_checkpoints_and_listens_on_loopback_only(tmp_pa
     store and gloo pairs, the weight-sync store, vLLM's own) listens on 127.0.0.1 only
     (``cluster.listen=loopback``, the default; the control with ``node`` is in
     tests/e2e/test_closed_and_multirun.py)."""
-    overrides = ("rollout.weight_sync=collective", "trainer.total_steps=20")
-    overrides += ("trainer.save_every=10",)
+    overrides = (
+        "rollout.weight_sync=collective",
+        "trainer.total_steps=20",
+        "trainer.save_every=10",
+    )
     if os.geteuid() == 0:  # from a 0700 copy (the module's docstring)
         checkout = private_copy(tmp_path)
         run_dir = checkout / "outputs" / "default-run"
