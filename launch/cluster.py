@@ -138,6 +138,11 @@ def runtime_env_vars(cfg: TrainConfig, environ=os.environ) -> dict[str, str]:
     return {k: v for k, v in wanted.items() if k not in environ}
 
 
+# Ray's switches for the idle workers it otherwise starts ahead of any task (one per CPU, and
+# more when the first driver connects)
+NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+
+
 def init_ray(cfg: TrainConfig) -> None:
     import ray
 
@@ -165,6 +170,9 @@ def init_ray(cfg: TrainConfig) -> None:
         log_to_driver=logs,
         runtime_env=env,
         _temp_dir=temp_dir,  # not a shared /tmp/ray: launch/ray_dirs.py
+        # no idle workers started ahead: every actor of a run asks for a runtime env of its own
+        # (threads, devices), so none could use them; each cost ~0.5 core-s to start and idled
+        _system_config=NO_PRESTART,
     )
     if cfg.cluster.listen == "loopback":  # rests on a private Ray switch (LOOPBACK_ENV): checked
         problem = beyond_loopback(ray_addresses())

@@ -59,13 +59,25 @@ def test_init_ray_hands_them_to_ray_joined_or_local(monkeypatch, tmp_path, joine
 @pytest.mark.ray
 def test_an_actor_of_a_local_ray_sees_them():
     """A real local Ray in a child process: a task reads its environment. The driver's own
-    NCCL_CUMEM_ENABLE=1 stays; NCCL_NVLS_ENABLE comes from the config."""
+    NCCL_CUMEM_ENABLE=1 stays; NCCL_NVLS_ENABLE comes from the config. That Ray starts no idle
+    workers ahead of the first task (launch/cluster.py ``NO_PRESTART``): two seconds after its
+    start its raylet's children are its two agents only (Ray's default had two ``ray::IDLE``
+    workers there by then, measured)."""
     code = (
-        "import os, ray\n"
+        "import os, time, ray\n"
+        "from pathlib import Path\n"
         "from launch.cluster import init_ray\n"
         "from tests.helpers import load\n"
+        "def kids(pid):\n"
+        "    stats = {p.name: p / 'stat' for p in Path('/proc').glob('[0-9]*')}\n"
+        "    return [int(k) for k, f in stats.items()\n"
+        "            if f.read_text().rsplit(')', 1)[1].split()[1] == str(pid)]\n"
+        "title = lambda pid: Path(f'/proc/{pid}/cmdline').read_bytes().split(b'\\0')[0]\n"
         "init_ray(load('learner.num_ranks=1', '+cluster.env_vars.NCCL_CUMEM_ENABLE=0',"
         " '+cluster.env_vars.NCCL_NVLS_ENABLE=0'))\n"
+        "raylet = [k for k in kids(os.getpid()) if title(k).endswith(b'/raylet')][0]\n"
+        "time.sleep(2)\n"
+        "print('BEFORE', sorted(title(k).decode() for k in kids(raylet)))\n"
         "env = ray.get(ray.remote(num_cpus=0)(lambda: dict(os.environ)).remote(), timeout=120)\n"
         "print('GOT', env.get('NCCL_CUMEM_ENABLE'), env.get('NCCL_NVLS_ENABLE'))\n"
     )
@@ -75,3 +87,4 @@ def test_an_actor_of_a_local_ray_sees_them():
                          text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "GOT 1 0" in out.stdout, out.stdout
+    assert "BEFORE ['ray::DashboardAgent', 'ray::RuntimeEnvAgent']\n" in out.stdout, out.stdout
