@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -32,9 +34,11 @@ from launch.models.tiny_model import FAST_TINY, tiny_overrides  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 # the datasets library's cache (local task files are converted into it): the test run's own,
 # not the home folder's (set before anything imports datasets; runs started by tests inherit it)
-DATASETS_CACHE = os.environ.setdefault(
-    "HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="avspo-test-datasets-")
-)
+# (made by the process that finds it unset, pytest's main one, and removed when that one exits)
+if "HF_DATASETS_CACHE" not in os.environ:
+    os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="avspo-test-datasets-")
+    atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
+DATASETS_CACHE = os.environ["HF_DATASETS_CACHE"]
 
 
 # Rollout/learner tests use FAST_TINY (launch/models/tiny_model.py), a small model that ships with

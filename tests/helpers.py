@@ -296,3 +296,40 @@ def weight_change(cfg, loss, model_dir: str, dtype: str, batch, updates: int):
     finally:
         group.shutdown()
     return torch.cat([(after[k].double() - v).flatten() for k, v in before.items()])
+
+
+@dataclass
+class CliResult:
+    """What :func:`run_cli` gives back: the fields of ``subprocess.CompletedProcess`` it fills."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(module: str, *argv: str, env: dict[str, str] | None = None) -> CliResult:
+    """``python -m launch.<module> *argv`` run in this process (its ``cli``): the exit code and
+    what it printed, ~0.1 s instead of a new interpreter's ~2.5 s (mostly ``import torch``).
+    For the checks that stop before anything starts (a config or data error, ``--validate``,
+    ``--cfg``); ``env`` is set for the call only (read when the code reads it, not at an import).
+    The entry point itself, as a process, is run by the tests that start real runs."""
+    import contextlib
+    import importlib
+    import io
+    import os
+    import sys
+
+    out, err, saved = io.StringIO(), io.StringIO(), (sys.argv, dict(os.environ))
+    sys.argv = [f"launch/{module}.py", *argv]
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            importlib.import_module(f"launch.{module}").cli()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved[0]
+        os.environ.clear()
+        os.environ.update(saved[1])
+    return CliResult(code, out.getvalue(), err.getvalue())

@@ -14,7 +14,7 @@ import pytest
 from launch.config import TrainConfig
 from launch.unread_keys import unread
 from launch.validation import ConfigError, refuse_unread
-from tests.helpers import ROOT, load
+from tests.helpers import ROOT, CliResult, load, run_cli
 
 GROUPS = ("algorithm", "task", "rollout", "learner", "model", "logger", "cluster", "experiment")
 PRESETS = [
@@ -47,11 +47,8 @@ def schema_has(path: str) -> bool:
     return True
 
 
-def cli_validate(*overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "launch.train", *overrides, "--validate"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+def cli_validate(*overrides: str) -> CliResult:
+    return run_cli("train", *overrides, "--validate")
 
 
 @pytest.mark.parametrize(

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 from hydra.errors import ConfigCompositionException
 
 from launch.config import TrainConfig
 from launch.validation import ConfigError
-from tests.helpers import ROOT, load
+from tests.helpers import ROOT, CliResult, load, run_cli
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "avspo"])
@@ -183,18 +179,10 @@ def test_presets_are_pinned_differences_from_the_schema(name, differs):
         assert "defaults:" in text
 
 
-def run_train(*overrides: str, run_dir, ray_tmp=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if ray_tmp is not None:
-        env["RAY_TMPDIR"] = str(ray_tmp)  # where a Ray session would leave its files
-    return subprocess.run(
-        [sys.executable, "-m", "launch.train", *overrides, f"hydra.run.dir={run_dir}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def run_train(*overrides: str, run_dir, ray_tmp=None) -> CliResult:
+    """A plain ``launch.train`` (no ``--validate``) in this process, up to its first check."""
+    env = {} if ray_tmp is None else {"RAY_TMPDIR": str(ray_tmp)}  # where Ray would leave files
+    return run_cli("train", *overrides, f"hydra.run.dir={run_dir}", env=env)
 
 
 @pytest.mark.slow
@@ -410,14 +398,7 @@ def test_a_collective_sync_over_gloo_validates_on_cpu():
     ],
 )
 def test_validate_only_and_cfg_job_check_the_whole_config(args, rc, last_line):
-    out = subprocess.run(
-        [sys.executable, "-m", "launch.train", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_cli("train", *args)
     assert out.returncode == rc, out.stderr[-2000:]
     lines = (out.stdout + out.stderr).strip().splitlines()
     assert any(line.startswith(last_line) for line in lines), lines[-3:]
@@ -427,10 +408,8 @@ def test_validate_only_and_cfg_job_check_the_whole_config(args, rc, last_line):
 def test_cfg_job_prints_the_config_without_its_data_and_names_the_missing_files(tmp_path):
     """On a fresh machine (no data yet) ``--cfg job`` prints the paper experiment's config and
     exits 0, then says which data files are missing; ``--validate`` still refuses them."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AVSPO_DATA": str(tmp_path)}
-    args = [sys.executable, "-m", "launch.train", "experiment=paper_qwen2.5_math_1.5b"]
-    out = subprocess.run([*args, "--cfg", "job"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    env = {"AVSPO_DATA": str(tmp_path)}
+    out = run_cli("train", "experiment=paper_qwen2.5_math_1.5b", "--cfg", "job", env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Qwen/Qwen2.5-Math-1.5B" in out.stdout and "data error" not in out.stderr
     note = out.stderr.strip().splitlines()[-1]
@@ -438,8 +417,7 @@ def test_cfg_job_prints_the_config_without_its_data_and_names_the_missing_files(
     assert note.startswith("note: 8 data file(s) not found"), note
     assert f"{tmp_path}/math_train.jsonl" in note and f"{tmp_path}/aime24.jsonl" in note
     assert note.count("math500.jsonl") == 1
-    out = subprocess.run([*args, "--validate"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = run_cli("train", "experiment=paper_qwen2.5_math_1.5b", "--validate", env=env)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith(f"data error: {tmp_path}/math_train")
 
