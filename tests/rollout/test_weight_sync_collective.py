@@ -143,65 +143,96 @@ def _forward_logprobs(model, prompt_ids, response_ids):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None])[:, 0]
 
 
+PROMPT_IDS, RESPONSE_IDS = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]  # "<s>61-27=" -> "34</s>"
+
+
+def _learner(tiny_model_dir, ranks: int, stage: int):
+    from learner.config import LearnerConfig
+    from learner.group import LearnerGroup
+    from learner.loss import LossConfig
+
+    cfg = LearnerConfig(num_ranks=ranks, zero_stage=stage, lr=1e-2, micro_batch_size=8)
+    return LearnerGroup(cfg, LossConfig(), tiny_model_dir)
+
+
+def _rollout_config(engine: str, workers: int):
+    from rollout.config import RolloutConfig
+
+    return RolloutConfig(engine=engine, num_workers=workers, max_model_len=64, timeout_s=300,
+                         weight_sync="collective", weight_sync_bucket_mb=1 / 16)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hf_sync(ray_cluster, tiny_model_dir):
+    """``(learner, rollout, sync)``: a 1-rank ZeRO-2 learner, 2 hf engines and their collective
+    sync, shared by the hf-zero2 case and the dead-worker test (a rank and two engines are ~17
+    core-s to start). Both compare with the state they find (the learner's weights, the policy
+    version, the group's generation, the restart counts), not with a fresh one; a restarted
+    worker gets the weights the others hold (as launch/stages.py wires it)."""
+    from rollout.group import RolloutGroup
+    from rollout.weight_sync import WeightSync
+
+    learner = _learner(tiny_model_dir, 1, 2)
+    rollout = RolloutGroup(_rollout_config("hf", 2), tiny_model_dir,
+                           on_restart=lambda i: sync.restore(i))  # fmt: skip
+    sync = WeightSync(rollout, learner)
+    try:
+        yield learner, rollout, sync
+    finally:
+        rollout.shutdown()
+        learner.shutdown()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("engine", "workers", "ranks", "stage"),
-    [("vllm", 1, 2, 3), ("hf", 2, 1, 2)],
-    ids=["vllm-zero3", "hf-zero2"],
-)
+@pytest.mark.parametrize(("engine", "workers"), [("vllm", 1), ("hf", 2)],
+                         ids=["vllm-zero3", "hf-zero2"])  # fmt: skip
 def test_collective_sync_engines_score_with_the_learners_weights(
-    ray_cluster, tiny_model_dir, engine, workers, ranks, stage
+    request, ray_cluster, tiny_model_dir, engine, workers
 ):
     """After one update on the learner, a collective push makes every engine score a sequence
     as the learner's exported weights do (tied embeddings included: a stale lm_head in vLLM
     leaves gaps of ~1), and engines report the pushed version. Buckets of 64 KiB split the
-    tiny model's ~13 MB (fp32) over many broadcasts; under ZeRO-3 each is gathered first. One
-    vLLM engine (its loading is what that case tests; a vLLM start is ~15 core-s here), two hf
-    engines (a broadcast to several members)."""
+    tiny model's ~13 MB (fp32) over many broadcasts; under ZeRO-3 (2 ranks, with the vLLM
+    engine) each is gathered first. One vLLM engine (its loading is what that case tests; a
+    vLLM start is ~15 core-s here), two hf engines (a broadcast to several members: the
+    ``hf_sync`` fixture's, with a 1-rank ZeRO-2 learner, in whatever state the dead-worker test
+    left them)."""
     from transformers import AutoModelForCausalLM
 
-    from learner.config import LearnerConfig
-    from learner.group import LearnerGroup
-    from learner.loss import LossConfig
-    from rollout.config import RolloutConfig
     from rollout.group import RolloutGroup
     from rollout.weight_sync import WeightSync
     from tests.helpers import train_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     _, batch = train_batch(model)
-    cfg = LearnerConfig(num_ranks=ranks, zero_stage=stage, lr=1e-2, micro_batch_size=8)
-    learner = LearnerGroup(cfg, LossConfig(), tiny_model_dir)
-    rollout = RolloutGroup(
-        RolloutConfig(
-            engine=engine,
-            num_workers=workers,
-            max_model_len=64,
-            timeout_s=300,
-            weight_sync="collective",
-            weight_sync_bucket_mb=1 / 16,
-        ),
-        tiny_model_dir,
-    )
-    sync = WeightSync(rollout, learner)
+    if engine == "hf":
+        learner, rollout, sync = request.getfixturevalue("hf_sync")
+        owned = False
+    else:
+        learner = _learner(tiny_model_dir, 2, 3)
+        rollout = RolloutGroup(_rollout_config(engine, workers), tiny_model_dir)
+        sync, owned = WeightSync(rollout, learner), True
+    version = max(rollout.policy_versions()) + 1
     try:
+        start = learner.export_weights()  # the weights before this test's update
         learner.train_on(batch)
         state = learner.export_weights()
-        seconds = sync.sync(version=1)
-        assert rollout.policy_versions() == [1] * workers
-        prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]  # "<s>61-27=" -> "34</s>"
-        scores = [torch.tensor(rollout.score(prompt_ids, response_ids, w)) for w in range(workers)]
+        seconds = sync.sync(version=version)
+        assert rollout.policy_versions() == [version] * workers
+        scores = [torch.tensor(rollout.score(PROMPT_IDS, RESPONSE_IDS, w)) for w in range(workers)]
         # A second sync (the group stays open) of the same weights changes nothing.
-        sync.sync(version=2)
-        assert rollout.policy_versions() == [2] * workers
-        again = torch.tensor(rollout.score(prompt_ids, response_ids, workers - 1))
+        sync.sync(version=version + 1)
+        assert rollout.policy_versions() == [version + 1] * workers
+        again = torch.tensor(rollout.score(PROMPT_IDS, RESPONSE_IDS, workers - 1))
         sent = sync.transport.bytes_sent
     finally:
-        rollout.shutdown()
-        learner.shutdown()
-    old = _forward_logprobs(model, prompt_ids, response_ids)
+        if owned:
+            rollout.shutdown()
+            learner.shutdown()
+    model.load_state_dict(start)
+    old = _forward_logprobs(model, PROMPT_IDS, RESPONSE_IDS)
     model.load_state_dict(state)
-    expected = _forward_logprobs(model, prompt_ids, response_ids)
+    expected = _forward_logprobs(model, PROMPT_IDS, RESPONSE_IDS)
     assert (expected - old).abs().max() > 0.05  # the update really moved these log-probs
     for worker, got in enumerate(scores):
         assert torch.allclose(got, expected, atol=1e-4), (engine, worker, got, expected)
@@ -213,64 +244,51 @@ def test_collective_sync_engines_score_with_the_learners_weights(
 
 
 @pytest.mark.slow
-def test_collective_sync_survives_a_dead_engine_worker(ray_cluster, tiny_model_dir):
-    """A worker killed between syncs (gloo group open, policy version 1) is restarted by the
-    next generation with version 1's weights (through the object store) and regenerates its
+def test_collective_sync_survives_a_dead_engine_worker(hf_sync, tiny_model_dir):
+    """A worker killed between syncs (gloo group open, policy version v) is restarted by the
+    next generation with version v's weights (through the object store) and regenerates its
     chunk with the same seeds: the groups equal the ones before the kill. The next sync rebuilds
-    the group with every member (generation 1) and both engines then score as the learner's
-    new weights do; a worker found dead at a sync is restarted there (generation 2)."""
+    the group with every member (the next generation) and both engines then score as the
+    learner's new weights do; a worker found dead at a sync is restarted there (the generation
+    after). Versions, generations and counts are relative to what the shared ``hf_sync`` held."""
     from transformers import AutoModelForCausalLM
 
-    from learner.config import LearnerConfig
-    from learner.group import LearnerGroup
-    from learner.loss import LossConfig
-    from rollout.config import RolloutConfig
-    from rollout.group import RolloutGroup
+    from comm.weight_protocol import checksum
     from rollout.types import SamplingConfig
-    from rollout.weight_sync import WeightSync
     from tests.helpers import kill_and_wait, train_batch
 
+    learner, rollout, sync = hf_sync
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     _, batch = train_batch(model)
-    learner = LearnerGroup(
-        LearnerConfig(num_ranks=1, zero_stage=2, lr=1e-2, micro_batch_size=8),
-        LossConfig(),
-        tiny_model_dir,
-    )
-    cfg = RolloutConfig(engine="hf", num_workers=2, timeout_s=300, weight_sync="collective")
-    # a restarted worker gets the weights the others hold (as launch/stages.py wires it)
-    rollout = RolloutGroup(cfg, tiny_model_dir, on_restart=lambda i: sync.restore(i))
-    sync = WeightSync(rollout, learner)
     params = SamplingConfig(n=4, temperature=1.0, max_new_tokens=8, seed=3)
     prompts = [f"{a}+{b}=" for a, b in ((1, 2), (3, 4), (5, 6), (7, 8))]
     texts = lambda groups: [[s.text for s in g.samples] for g in groups]  # noqa: E731
-    prompt_ids, response_ids = [1, 10, 5, 15, 6, 11, 17], [7, 8, 2]
-    try:
-        learner.train_on(batch)
-        sync.sync(version=1)
-        before = rollout.generate(prompts, params)
-        kill_and_wait(rollout.workers[1])
-        after = rollout.generate(prompts, params)
-        assert (rollout.restarts, rollout.regenerated) == (1, 2)  # worker 1 had prompts 2-3
-        assert rollout.policy_versions() == [1, 1]
-        learner.train_on(batch)
-        sync.sync(version=2)
-        assert sync.transport.generation == 1 and rollout.policy_versions() == [2, 2]
-        state = learner.export_weights()
-        scores = [torch.tensor(rollout.score(prompt_ids, response_ids, w)) for w in range(2)]
-        sums = rollout.weights_checksums()
-        kill_and_wait(rollout.workers[0])
-        sync.sync(version=3)
-        assert sync.transport.generation == 2 and rollout.policy_versions() == [3, 3]
-        assert rollout.restarts == 2
-    finally:
-        rollout.shutdown()
-        learner.shutdown()
+    v = max(rollout.policy_versions()) + 1
+    restarts, regenerated = rollout.restarts, rollout.regenerated
+    learner.train_on(batch)
+    sync.sync(version=v)
+    generation = sync.transport.generation  # the group is open
+    before = rollout.generate(prompts, params)
+    kill_and_wait(rollout.workers[1])
+    after = rollout.generate(prompts, params)
+    # worker 1 had prompts 2-3
+    assert (rollout.restarts - restarts, rollout.regenerated - regenerated) == (1, 2)
+    assert rollout.policy_versions() == [v, v]
+    learner.train_on(batch)
+    sync.sync(version=v + 1)
+    assert sync.transport.generation == generation + 1
+    assert rollout.policy_versions() == [v + 1, v + 1]
+    state = learner.export_weights()
+    scores = [torch.tensor(rollout.score(PROMPT_IDS, RESPONSE_IDS, w)) for w in range(2)]
+    sums = rollout.weights_checksums()
+    kill_and_wait(rollout.workers[0])
+    sync.sync(version=v + 2)
+    assert sync.transport.generation == generation + 2
+    assert rollout.policy_versions() == [v + 2, v + 2]
+    assert rollout.restarts - restarts == 2
     assert texts(after) == texts(before)
     model.load_state_dict(state)
-    from comm.weight_protocol import checksum
-
     assert sums == [checksum(p for _, p in model.named_parameters())] * 2  # same order: exact
-    expected = _forward_logprobs(model, prompt_ids, response_ids)
+    expected = _forward_logprobs(model, PROMPT_IDS, RESPONSE_IDS)
     for got in scores:
         assert torch.allclose(got, expected, atol=1e-4)
