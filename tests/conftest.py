@@ -38,7 +38,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if "HF_DATASETS_CACHE" not in os.environ:
     os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="avspo-test-datasets-")
     atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
-DATASETS_CACHE = os.environ["HF_DATASETS_CACHE"]
 
 
 # Rollout/learner tests use FAST_TINY (launch/models/tiny_model.py), a small model that ships with
@@ -136,6 +135,8 @@ def ray_cluster() -> str:
     end-to-end runs that join it (:func:`joined_ray`)."""
     import ray
 
+    from launch.cluster import NO_PRESTART
+
     # No prestarted workers: each would idle at ~0.65 core-s a minute for the whole test run
     # (measured here; the tests' actors get processes of their own, and the runs that join
     # are other jobs, which cannot use this driver's workers).
@@ -145,7 +146,7 @@ def ray_cluster() -> str:
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
-        _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False},
+        _system_config=NO_PRESTART,
     )
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,38 +300,46 @@ def weight_change(cfg, loss, model_dir: str, dtype: str, batch, updates: int):
     return torch.cat([(after[k].double() - v).flatten() for k, v in before.items()])
 
 
-@dataclass
-class CliResult:
-    """What :func:`run_cli` gives back: the fields of ``subprocess.CompletedProcess`` it fills."""
+@contextlib.contextmanager
+def env_restored(*keys: str):
+    """Inside: ``os.environ`` as it is; after: each of ``keys`` as it was before, set or unset
+    (monkeypatch's ``delenv`` of an absent key records nothing, so a key the code under test
+    then sets would outlive the test, in this process and in what it starts later)."""
+    before = {key: os.environ.get(key) for key in keys}
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
-    returncode: int
-    stdout: str
-    stderr: str
 
-
-def run_cli(module: str, *argv: str, env: dict[str, str] | None = None) -> CliResult:
-    """``python -m launch.<module> *argv`` run in this process (its ``cli``): the exit code and
-    what it printed, ~0.1 s instead of a new interpreter's ~2.5 s (mostly ``import torch``).
-    For the checks that stop before anything starts (a config or data error, ``--validate``,
-    ``--cfg``); ``env`` is set for the call only (read when the code reads it, not at an import).
-    The entry point itself, as a process, is run by the tests that start real runs."""
-    import contextlib
+def run_cli(module: str, *argv: str, env: dict[str, str] | None = None):
+    """``python -m launch.<module> *argv`` run in this process (its ``cli``): a
+    ``subprocess.CompletedProcess`` with the exit code and what it printed, ~0.1 s instead of a
+    new interpreter's ~2.5 s (mostly ``import torch``). For the checks that stop before anything
+    starts (a config or data error, ``--validate``, ``--cfg``); ``env`` is set for the call only
+    (read when the code reads it, not at an import). The entry point itself, as a process, is
+    run by the tests that start real runs."""
     import importlib
     import io
-    import os
+    import subprocess
     import sys
 
-    out, err, saved = io.StringIO(), io.StringIO(), (sys.argv, dict(os.environ))
+    out, err, argv_before = io.StringIO(), io.StringIO(), sys.argv
     sys.argv = [f"launch/{module}.py", *argv]
-    os.environ.update(env or {})
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with env_restored(*(env or {})), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):  # fmt: skip
+            os.environ.update(env or {})
             importlib.import_module(f"launch.{module}").cli()
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
-        sys.argv = saved[0]
-        os.environ.clear()
-        os.environ.update(saved[1])
-    return CliResult(code, out.getvalue(), err.getvalue())
+        sys.argv = argv_before
+    return subprocess.CompletedProcess(
+        ["-m", f"launch.{module}", *argv], code, out.getvalue(), err.getvalue()
+    )

@@ -108,16 +108,15 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from launch.cluster import _listen
+    from launch.cluster import NO_PRESTART, _listen
 
     configs = {name: load(*overrides) for name, (overrides, _) in PRESETS.items()}
     (listen,) = {cfg.cluster.listen for cfg in configs.values()}
     _listen(listen)  # as init_ray does before a local Ray starts
-    quiet = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
     node = {"num_cpus": CPUS_PER_NODE, "num_gpus": GPUS_PER_NODE, "object_store_memory": 80 << 20}
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={**node, "include_dashboard": False, "_system_config": quiet},
+        head_node_args={**node, "include_dashboard": False, "_system_config": NO_PRESTART},
     )
     results = {}
     try:

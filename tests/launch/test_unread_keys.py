@@ -14,7 +14,7 @@ import pytest
 from launch.config import TrainConfig
 from launch.unread_keys import unread
 from launch.validation import ConfigError, refuse_unread
-from tests.helpers import ROOT, CliResult, load, run_cli
+from tests.helpers import ROOT, load, run_cli
 
 GROUPS = ("algorithm", "task", "rollout", "learner", "model", "logger", "cluster", "experiment")
 PRESETS = [
@@ -47,7 +47,7 @@ def schema_has(path: str) -> bool:
     return True
 
 
-def cli_validate(*overrides: str) -> CliResult:
+def cli_validate(*overrides: str) -> subprocess.CompletedProcess:
     return run_cli("train", *overrides, "--validate")
 
 

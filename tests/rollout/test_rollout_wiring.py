@@ -22,6 +22,7 @@ from rollout.types import SamplingConfig, SamplingSettings, Share
 from rollout.vllm_engine import engine_env, llm_kwargs, sampling_kwargs
 from rollout.weight_sync import CollectiveTransport, ObjectStoreTransport, WeightSync
 from rollout.worker import make_engine
+from tests.helpers import env_restored
 
 
 def kwargs_of(device: str = "cpu", sleep_mode: bool = False, **settings) -> dict:
@@ -167,16 +168,14 @@ def test_weight_sync_keys_reach_the_transport():
 @pytest.fixture
 def worker_for(monkeypatch):
     """Builds the actor body with ``make_engine`` recorded and the reserved device chosen; the
-    environment, torch's thread count and dynamo's switch it sets are restored after. (Saved
-    and restored here: monkeypatch cannot read dynamo's config module's attributes, and its
-    ``delenv`` of an absent key records nothing, so a key the worker then sets would outlive
-    the test in this process and in what it starts later.)"""
+    environment (tests/helpers.py ``env_restored``), torch's thread count and dynamo's switch
+    it sets are restored after (monkeypatch cannot read dynamo's config module's
+    attributes)."""
     from torch._dynamo import config as dynamo_config
 
     import rollout.worker as worker_module
 
     keys = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING")
-    saved = {key: os.environ.pop(key, None) for key in keys}
     threads, disabled = torch.get_num_threads(), dynamo_config.disable
     dynamo_config.disable = False
     made = []
@@ -186,13 +185,12 @@ def worker_for(monkeypatch):
         monkeypatch.setattr(worker_module, "make_engine", lambda *a: made.append(a) or "engine")
         return worker_module.RolloutWorker(cfg, "/models/m", "bfloat16", **kwargs), made[-1]
 
-    yield build
+    with env_restored(*keys):
+        for key in keys:
+            os.environ.pop(key, None)
+        yield build
     torch.set_num_threads(threads)
     dynamo_config.disable = disabled
-    for key, value in saved.items():
-        os.environ.pop(key, None)
-        if value is not None:
-            os.environ[key] = value
 
 
 def test_the_worker_builds_its_engine_as_configured(worker_for):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from hydra.errors import ConfigCompositionException
 
 from launch.config import TrainConfig
 from launch.validation import ConfigError
-from tests.helpers import ROOT, CliResult, load, run_cli
+from tests.helpers import ROOT, load, run_cli
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "avspo"])
@@ -179,7 +181,7 @@ def test_presets_are_pinned_differences_from_the_schema(name, differs):
         assert "defaults:" in text
 
 
-def run_train(*overrides: str, run_dir, ray_tmp=None) -> CliResult:
+def run_train(*overrides: str, run_dir, ray_tmp=None) -> subprocess.CompletedProcess:
     """A plain ``launch.train`` (no ``--validate``) in this process, up to its first check."""
     env = {} if ray_tmp is None else {"RAY_TMPDIR": str(ray_tmp)}  # where Ray would leave files
     return run_cli("train", *overrides, f"hydra.run.dir={run_dir}", env=env)
