@@ -17,6 +17,10 @@ Every dataset of reasoning_gym 0.1.25 was read (its ``score_answer`` and the hel
 - :data:`SAFE`: the scorer compares strings, numbers (``float``, ``int``, ``Decimal``,
   ``Fraction``), JSON (``json.loads``), ``np.loadtxt`` rows or simulated moves; the ``eval`` in
   ``number_sorting`` and ``bitwise_arithmetic`` reads the reference, never the answer.
+- :data:`BOUNDED`: safe scorers whose work the answer sizes. ``rubiks_cube`` expands a move's
+  count before simulating (``U5`` is five turns): ``U1000000000`` is a list of a billion
+  strings, gigabytes and minutes in a verifier worker until its limits kill it. An answer of
+  more than :data:`MAX_CUBE_MOVES` turns in all scores 0, ``refused``, unsimulated.
 
 The project's own verifiers were audited too: ``numeric`` (``Fraction`` and a regex), ``choice``
 (a regex), ``math`` (math-verify with LaTeX extraction only: latex2sympy's ANTLR parser, whose
@@ -99,6 +103,30 @@ GUARDED: dict[str, Guard] = {
     "n_queens": _characters(r"Q_ \t\n\[\],'\""),
 }
 
+MAX_CUBE_MOVES = 10_000
+"""Turns a rubiks_cube answer may ask for, counts expanded: ~0.3 s of simulation (~32 us a turn,
+measured); the dataset's example solutions take up to ~190 (3x3x3, 100 problems)."""
+
+_CUBE_MOVE = re.compile(r"([^\d]*)(\d*)")  # reasoning_gym's expand_moves: a move, then its count
+
+
+def _cube_moves_at_most(answer: str, entry: dict) -> bool:
+    total = 0
+    for move in answer.split():
+        match = _CUBE_MOVE.fullmatch(move)
+        if match is None:  # the scorer skips it (digits inside a move)
+            continue
+        count = match.group(2)
+        if len(count) > len(str(MAX_CUBE_MOVES)):  # no int() of a thousand digits either
+            return False
+        total += int(count) if count else 1
+        if total > MAX_CUBE_MOVES:
+            return False
+    return True
+
+
+BOUNDED: dict[str, Guard] = {"rubiks_cube": _cube_moves_at_most}
+
 REFUSED: dict[str, str] = {
     "composite": (
         "its scorer dispatches to sub-datasets built from its own config, which the verifier "
@@ -175,9 +203,11 @@ def admits(dataset: str, answer: str, entry: dict) -> bool:
     (True, False)
     >>> admits("countdown", "9**9**9", entry), admits("word_sorting", "anything()", {})
     (False, True)
+    >>> admits("rubiks_cube", "U2 R' F", {}), admits("rubiks_cube", "U1000000000", {})
+    (True, False)
     """
     problem = dataset_problem(dataset)
     if problem:
         raise ValueError(f"reasoning_gym dataset {problem}")
-    guard = GUARDED.get(dataset)
+    guard = GUARDED.get(dataset) or BOUNDED.get(dataset)
     return guard is None or guard(answer, entry)
