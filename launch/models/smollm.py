@@ -61,8 +61,10 @@ def convert_smollm2(out_dir: Path, log=print) -> dict:
     config = LlamaConfig(
         **{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"}
     )
-    model = LlamaForCausalLM(config)
-    model.load_state_dict(loaded.state_dict())
+    with torch.device("meta"):  # no random init of weights the next line replaces (~2.6 s)
+        model = LlamaForCausalLM(config)
+    model.load_state_dict(loaded.state_dict(), assign=True)
+    model.tie_weights()  # assign=True gave the output layer a tensor of its own
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return {"parameters": sum(p.numel() for p in model.parameters()), "gguf": gguf.name}
