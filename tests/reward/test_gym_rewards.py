@@ -48,9 +48,9 @@ def test_a_multi_line_answer_after_answer_scores_one():
 def test_a_rubiks_cube_answer_that_asks_for_too_many_turns_is_refused_unsimulated():
     """rubiks_cube's scorer expands a move's count before it simulates (``U5`` is five turns):
     ``U10001`` (one past gym_audit.MAX_CUBE_MOVES, 10,000) is refused instead of simulated, as
-    ``U1000000000`` is instead of a list of a billion strings. A turn count of 10,000 in all,
-    over several moves, is still simulated (it is wrong here: 10,000 quarter turns of U and
-    none of R leave the scramble as it was)."""
+    ``U1000000000`` is instead of a list of a billion strings. 10,000 turns in all, over
+    several moves (9,999 of U, one of R), are still simulated: wrong for this problem's
+    scramble (the task's seed fixes it), not refused."""
     cfg = TaskConfig(name="reasoning_gym", gym_dataset="rubiks_cube", num_train=1, num_test=1)
     ref = make_task(cfg).test[0].answer
     for answer in ("U10001", "U1000000000", "U5000 R4999 F2", "U" + "9" * 5000):

@@ -78,6 +78,8 @@ def test_every_dataset_is_classified_once():
     assert set().union(*kinds) == set(DATASETS)
     assert sum(len(k) for k in kinds) == len(DATASETS)  # disjoint
     assert set(EVALUATING) == set(gym_audit.GUARDED)
+    # a size check applies only to a safe scorer (admits takes GUARDED's check first)
+    assert set(gym_audit.BOUNDED) <= set(gym_audit.SAFE)
 
 
 @pytest.mark.parametrize(
