@@ -160,3 +160,16 @@ def joined_ray(ray_cluster) -> list[str]:
     Ray's start, its stop or what is left after them; the thread plan is the same either way
     (launch/cluster.py ``node_cores``), so are the numbers."""
     return [f"cluster.address={ray_cluster}"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _learner_rank_pool():
+    """Learner groups of one module reuse their ranks' processes (tests/rank_pool.py); what is
+    idle when the module ends is killed."""
+    from tests import rank_pool
+
+    patch = pytest.MonkeyPatch()
+    rank_pool.install(patch)
+    yield
+    patch.undo()
+    rank_pool.POOL.drain()
