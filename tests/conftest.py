@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shutil
 import tempfile
@@ -91,7 +92,9 @@ def pytest_collection_modifyitems(config, items):
         ray = "ray_cluster" in getattr(item, "fixturenames", ()) or where.startswith(RAY_DIRS)
         if ray:
             item.add_marker(pytest.mark.ray)
-        order[item] = (not where.startswith("tests/e2e/"), not ray)
+        # the modules whose learner groups share rank processes (tests/rank_pool.py) one after
+        # another: the pool is drained where they end
+        order[item] = (not where.startswith("tests/e2e/"), not ray, not uses_rank_pool(item))
     if XDIST_WORKER is not None:
         items.sort(key=order.__getitem__)
 
@@ -162,10 +165,20 @@ def joined_ray(ray_cluster) -> list[str]:
     return [f"cluster.address={ray_cluster}"]
 
 
-@pytest.fixture(autouse=True, scope="module")
+def uses_rank_pool(item) -> bool:
+    """Whether ``item``'s module starts learner groups (its code names ``LearnerGroup``)."""
+    return _names_learner_group(str(item.fspath))
+
+
+@functools.cache
+def _names_learner_group(path: str) -> bool:
+    return path.endswith(".py") and "LearnerGroup" in Path(path).read_text()
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _learner_rank_pool():
-    """Learner groups of one module reuse their ranks' processes (tests/rank_pool.py); what is
-    idle when the module ends is killed."""
+    """Learner groups reuse their ranks' processes (tests/rank_pool.py), from module to module
+    while the modules that start them follow each other (they are collected together)."""
     from tests import rank_pool
 
     patch = pytest.MonkeyPatch()
@@ -173,3 +186,16 @@ def _learner_rank_pool():
     yield
     patch.undo()
     rank_pool.POOL.drain()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of the modules that start learner groups (its fixtures torn down):
+    the pool's idle ranks are killed, not left holding memory and Ray's CPUs (an idle actor
+    costs ~0.65 core-s a minute). pytest-xdist runs a test once it knows the next one."""
+    yield
+    import sys
+
+    pool = sys.modules.get("tests.rank_pool")
+    if pool is not None and (nextitem is None or not uses_rank_pool(nextitem)):
+        pool.POOL.drain()

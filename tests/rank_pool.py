@@ -1,4 +1,4 @@
-"""Learner rank processes reused from one test's group to the next within a test module.
+"""Learner rank processes reused from one test's group to the next.
 
 A 2-rank :class:`~learner.group.LearnerGroup` costs ~20 core-s to start here, ~9 per rank in
 imports alone (transformers' model classes, DeepSpeed, torch.distributed.tensor) and ~1 to
@@ -6,16 +6,16 @@ build the rank; the learner and weight-sync tests start ~40 such groups. Under t
 group's ranks are Ray actors of :class:`PooledRank`: :meth:`LearnerGroup.shutdown` hands them
 back instead of killing them (the engine dropped, the process group destroyed with DeepSpeed's
 own ``deepspeed.comm.destroy_process_group``, which also releases its cached groups), and the
-next group of the module builds its ranks in those processes with ``LearnerRank.__init__``. The
-first group of every module starts fresh processes; the end-to-end runs always do (their ranks
-live in their own driver's Ray jobs).
+next group builds its ranks in those processes with ``LearnerRank.__init__``. The modules that
+start learner groups run one after another (tests/conftest.py), and after the last of them the
+idle ranks are killed (an idle actor costs ~0.65 core-s a minute, and holds Ray's CPUs). The
+end-to-end runs always start fresh ranks (in their own driver's Ray jobs).
 
 The same numbers either way: five groups in a row (ZeRO-3, ZeRO-2, stage 0, ZeRO-3 in bf16,
-ZeRO-2) gave bit-equal metrics and weights in reused and in fresh processes (measured here), and
-every test below compares with references computed apart. Only groups of ``LearnerRank`` with
-plain resources (no placement group, GPU or runtime env) are pooled; a rank that died in a test
-is dropped, not reused. What is idle at the end of a module is killed (an idle actor costs
-~0.65 core-s a minute)."""
+ZeRO-2) gave bit-equal metrics and weights in reused and in fresh processes (measured here;
+tests/learner/test_rank_pool.py checks it), and every test compares with references computed
+apart. Only groups of ``LearnerRank`` with plain resources (no placement group, GPU or runtime
+env) are pooled; a rank that died in a test is dropped, not reused."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ class RankPool:
         group.ranks = []
 
     def drain(self) -> None:
-        """Kill every idle rank (the end of a test module)."""
+        """Kill every idle rank."""
         for actors_ in self.idle.values():
             for actor in actors_:
                 self._kill(actor)
