@@ -92,9 +92,9 @@ def pytest_collection_modifyitems(config, items):
         ray = "ray_cluster" in getattr(item, "fixturenames", ()) or where.startswith(RAY_DIRS)
         if ray:
             item.add_marker(pytest.mark.ray)
-        # the modules whose learner groups share rank processes (tests/rank_pool.py) one after
+        # the modules whose groups share actor processes (tests/actor_pool.py) one after
         # another: the pool is drained where they end
-        order[item] = (not where.startswith("tests/e2e/"), not ray, not uses_rank_pool(item))
+        order[item] = (not where.startswith("tests/e2e/"), not ray, not uses_actor_pool(item))
     if XDIST_WORKER is not None:
         items.sort(key=order.__getitem__)
 
@@ -165,37 +165,42 @@ def joined_ray(ray_cluster) -> list[str]:
     return [f"cluster.address={ray_cluster}"]
 
 
-def uses_rank_pool(item) -> bool:
-    """Whether ``item``'s module starts learner groups (its code names ``LearnerGroup``)."""
-    return _names_learner_group(str(item.fspath))
+def uses_actor_pool(item) -> bool:
+    """Whether ``item``'s module starts learner or rollout groups (its code names them)."""
+    return _names_a_group(str(item.fspath))
 
 
 @functools.cache
-def _names_learner_group(path: str) -> bool:
-    return path.endswith(".py") and "LearnerGroup" in Path(path).read_text()
+def _names_a_group(path: str) -> bool:
+    if not path.endswith(".py"):
+        return False
+    text = Path(path).read_text()
+    return "LearnerGroup" in text or "RolloutGroup" in text
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _learner_rank_pool():
-    """Learner groups reuse their ranks' processes (tests/rank_pool.py), from module to module
-    while the modules that start them follow each other (they are collected together)."""
-    from tests import rank_pool
+def _actor_pool():
+    """Learner and rollout groups reuse their actors' processes (tests/actor_pool.py), from
+    module to module while the modules that start them follow each other (they are collected
+    together)."""
+    from tests import actor_pool
 
     patch = pytest.MonkeyPatch()
-    rank_pool.install(patch)
+    actor_pool.install(patch)
     yield
     patch.undo()
-    rank_pool.POOL.drain()
+    actor_pool.POOL.drain()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    """After the last test of the modules that start learner groups (its fixtures torn down):
-    the pool's idle ranks are killed, not left holding memory and Ray's CPUs (an idle actor
+    """After the last test of the modules that start learner or rollout groups (its fixtures
+    torn down):
+    the pool's idle actors are killed, not left holding memory and Ray's CPUs (an idle actor
     costs ~0.65 core-s a minute). pytest-xdist runs a test once it knows the next one."""
     yield
     import sys
 
-    pool = sys.modules.get("tests.rank_pool")
-    if pool is not None and (nextitem is None or not uses_rank_pool(nextitem)):
+    pool = sys.modules.get("tests.actor_pool")
+    if pool is not None and (nextitem is None or not uses_actor_pool(nextitem)):
         pool.POOL.drain()
