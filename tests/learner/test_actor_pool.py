@@ -22,18 +22,27 @@ def _cfg(stage: int, **kw) -> LearnerConfig:
     return LearnerConfig(num_ranks=2, zero_stage=stage, lr=1e-3, micro_batch_size=3, **kw)
 
 
+@pytest.fixture
+def fresh_pool():
+    """The pool's idle actors set aside (and kept for the modules after this one): the test's
+    first group starts in fresh processes."""
+    saved = {cls: POOL.idle.pop(cls) for cls in list(POOL.idle)}
+    yield
+    for cls, actors in saved.items():
+        POOL.idle.setdefault(cls, []).extend(actors)
+
+
 def _pids(group: LearnerGroup) -> list[int]:
     return ray.get([r.__ray_call__.remote(lambda _: os.getpid()) for r in group.ranks])
 
 
 @pytest.mark.slow
 def test_a_reused_rank_trains_bit_exactly_as_a_fresh_one_and_a_dead_one_is_dropped(
-    ray_cluster, tiny_model_dir
+    ray_cluster, tiny_model_dir, fresh_pool
 ):
     from transformers import AutoModelForCausalLM
 
     _, batch = train_batch(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
-    POOL.drain()  # fresh processes for the first group
     runs = []
     # ZeRO-2 in fresh processes, then ZeRO-3 in bf16
     # in the same processes (another partitioning, dtype and set of DeepSpeed groups), then
@@ -62,7 +71,9 @@ def test_a_reused_rank_trains_bit_exactly_as_a_fresh_one_and_a_dead_one_is_dropp
 
 
 @pytest.mark.slow
-def test_a_reused_hf_rollout_worker_generates_exactly_as_a_fresh_one(ray_cluster, tiny_model_dir):
+def test_a_reused_hf_rollout_worker_generates_exactly_as_a_fresh_one(
+    ray_cluster, tiny_model_dir, fresh_pool
+):
     """An hf worker that served a group with another length limit and weights of its own
     (loaded from the learner side as a sync does) generates, in a new group, exactly what the
     fresh one did: the same tokens and log-probs."""
@@ -70,7 +81,6 @@ def test_a_reused_hf_rollout_worker_generates_exactly_as_a_fresh_one(ray_cluster
     from rollout.group import RolloutGroup
     from rollout.types import SamplingConfig
 
-    POOL.drain()
     prompts, params = ["12+7=", "3+4="], SamplingConfig(n=4, max_new_tokens=8, seed=3)
     runs = []
     for max_len in (64, 48, 64):
