@@ -18,7 +18,7 @@ apart. Rollout workers of the hf engine are pooled the same way (~6 core-s a sta
 engine and its weight-sync group dropped; vLLM engines are not pooled). Only actors with plain
 resources (1 CPU; no placement group, GPU or runtime env) are pooled, and a pooled actor
 reserves no CPU from Ray (idle, it would keep others from starting); one that died in a test
-is dropped, not reused."""
+is dropped, not reused, and so are the other ranks of its group (:class:`ActorPool`)."""
 
 from __future__ import annotations
 
@@ -89,9 +89,15 @@ def _pooled(cls: type, args: tuple) -> type | None:
 
 
 class ActorPool:
+    """Idle actors in units: a learner group's ranks go back and come out together, so the
+    ranks of a group always share one history (DeepSpeed keeps process-wide state, such as
+    ZeRO-3's parameter ids: a reused rank beside a fresh one hung in ZeRO-3's start); a rollout
+    worker is a unit of its own."""
+
     def __init__(self):
-        self.idle: dict[type, list] = {}  # pooled class -> idle actors
+        self.idle: dict[tuple, list[list]] = {}  # (pooled class, unit size) -> idle units
         self.keys: dict = {}  # actor id -> its pooled class, for every actor of this pool
+        self.forming: list = []  # the unit whose ranks a learner group is taking
 
     def spawn(self, cls, count, *args, num_cpus=1, num_gpus=0, runtime_env=None,
               placement=None, first_bundle=0, **kwargs) -> list:  # fmt: skip
@@ -105,39 +111,61 @@ class ActorPool:
             )  # fmt: skip
         got = []
         for _ in range(count):
-            idle = self.idle.setdefault(pooled, [])
-            if idle:
-                actor = idle.pop()
+            if pooled is PooledRank:  # args: rank, world size, ... (LearnerGroup: rank 0 first)
+                if args[0] == 0:
+                    self.forming = self._unit(pooled, args[1])
+                actor = self.forming[args[0]]
             else:
-                # no CPU reserved: idle, it must not keep others' actors from starting (in use,
-                # it computes with the threads its arguments give, as a fresh one; Ray sets
-                # OMP_NUM_THREADS=1 for it, as for a fresh one with its 1 CPU)
-                actor = ray.remote(num_cpus=0)(pooled).options(max_restarts=0).remote()
-                self.keys[actor._actor_id] = pooled
+                (actor,) = self._unit(pooled, 1)
             actor.reset.remote(*args)  # ordered before the group's next call to it
             got.append(actor)
         return got
 
-    def give_back(self, actors: list) -> None:
-        """A group's shutdown: each pooled actor is closed and kept (killed if it cannot
-        close: it died, or hangs in a collective a dead peer left); the others are killed."""
-        closing = [(a, a.close.remote()) for a in actors if a._actor_id in self.keys]
+    def _unit(self, pooled: type, size: int) -> list:
+        idle = self.idle.setdefault((pooled, size), [])
+        if idle:
+            return idle.pop()
+        # no CPU reserved: idle, it must not keep others' actors from starting (in use, it
+        # computes with the threads its arguments give, as a fresh one; Ray sets
+        # OMP_NUM_THREADS=1 for it, as for a fresh one with its 1 CPU)
+        unit = [
+            ray.remote(num_cpus=0)(pooled).options(max_restarts=0).remote() for _ in range(size)
+        ]
+        self.keys.update((actor._actor_id, pooled) for actor in unit)
+        return unit
+
+    def give_back(self, actors: list, *, unit: bool) -> None:
+        """A group's shutdown: its pooled actors are closed and kept, as one unit (``unit``) or
+        each on its own; any that cannot close (it died, or hangs in a collective a dead peer
+        left) is killed, and with it the rest of its unit. Actors not of the pool are killed."""
+        pooled = [a for a in actors if a._actor_id in self.keys]
         for actor in actors:
             if actor._actor_id not in self.keys:
                 ray.kill(actor)
+        closing = [(a, a.close.remote()) for a in pooled]
+        closed = []
         for actor, ref in closing:
             try:
                 ray.get(ref, timeout=60)
-                self.idle[self.keys[actor._actor_id]].append(actor)
+                closed.append(actor)
             except Exception:
                 self._kill(actor)
+        units = [closed] if unit else [[a] for a in closed]
+        for members in units:
+            if unit and len(closed) < len(pooled):
+                for actor in members:
+                    self._kill(actor)
+            elif members:
+                key = (self.keys[members[0]._actor_id], len(members))
+                self.idle.setdefault(key, []).append(members)
 
     def drain(self) -> None:
         """Kill every idle actor."""
-        for actors in self.idle.values():
-            for actor in actors:
-                self._kill(actor)
-            actors.clear()
+        for units in self.idle.values():
+            for members in units:
+                for actor in members:
+                    self._kill(actor)
+            units.clear()
 
     def _kill(self, actor) -> None:
         self.keys.pop(actor._actor_id, None)
@@ -160,10 +188,10 @@ def _learner_shutdown(group) -> None:
     if group.ranks:  # the object-store sync's weights file, as LearnerGroup.shutdown does
         with contextlib.suppress(Exception):
             ray.get(group.ranks[0].remove_weight_file.remote(), timeout=10)
-    POOL.give_back(group.ranks)
+    POOL.give_back(group.ranks, unit=True)
     group.ranks = []
 
 
 def _rollout_shutdown(group) -> None:
-    POOL.give_back(group.workers)
+    POOL.give_back(group.workers, unit=False)
     group.workers = []
