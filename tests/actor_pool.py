@@ -65,7 +65,11 @@ class PooledRank(_Reusable, LearnerRank):
     base = LearnerRank
 
     def close(self) -> None:
-        """Also leave the process group (DeepSpeed releases the groups it cached)."""
+        """Also leave the process group (DeepSpeed releases the groups it cached), and put
+        ZeRO-3's process-wide counters back where a fresh process has them: which parameters
+        stay whole depends on the elements persisted so far in the process."""
+        import sys
+
         import torch.distributed as dist
 
         super().close()
@@ -73,6 +77,14 @@ class PooledRank(_Reusable, LearnerRank):
             import deepspeed.comm
 
             deepspeed.comm.destroy_process_group()
+        zero = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+        if zero is not None:
+            init = zero.Init
+            init.param_id = init.num_persisted_parameters = init.num_persisted_elements = 0
+            init.apply_param_persistence = False
+            for name in ("param_persistence_threshold", "model_persistence_threshold",
+                         "override_module_apply"):  # fmt: skip
+                setattr(init, name, zero.get_config_default(zero.DeepSpeedZeroConfig, name))
 
 
 class PooledWorker(_Reusable, RolloutWorker):
@@ -90,9 +102,9 @@ def _pooled(cls: type, args: tuple) -> type | None:
 
 class ActorPool:
     """Idle actors in units: a learner group's ranks go back and come out together, so the
-    ranks of a group always share one history (DeepSpeed keeps process-wide state, such as
-    ZeRO-3's parameter ids: a reused rank beside a fresh one hung in ZeRO-3's start); a rollout
-    worker is a unit of its own."""
+    ranks of a group always share one history (DeepSpeed keeps process-wide state: a reused rank
+    beside a fresh one hung in ZeRO-3's start, most likely on ZeRO-3's persisted-parameter
+    counters, now reset in :meth:`PooledRank.close`); a rollout worker is a unit of its own."""
 
     def __init__(self):
         self.idle: dict[tuple, list[list]] = {}  # (pooled class, unit size) -> idle units
