@@ -3,6 +3,7 @@
     .venv/bin/python tests/benchmarks/bench_vs_trl.py                       # tiny, ~5-10 min
     .venv/bin/python tests/benchmarks/bench_vs_trl.py --workload smollm2    # SmolLM2-135M, long
     .venv/bin/python tests/benchmarks/bench_vs_trl.py --trainers trl hf --venv /tmp/other-venv
+    .venv/bin/python tests/benchmarks/bench_vs_trl.py --workload smollm2 --dtype bfloat16 --trl-bf16
 
 Nothing else heavy may run on the machine meanwhile: every trainer uses all the cores, and the
 figures are wall-clock medians (run-to-run spread on a shared 2-core VM is ~30%).
@@ -33,6 +34,11 @@ samples, ``per_device_train_batch_size`` = our learner micro-batch, gradient acc
 the rest (one optimizer step per generation), ``use_vllm=False``, ``beta=0``,
 ``num_iterations=1``, ``loss_type="dapo"`` (token mean over the batch, our ``token-mean``),
 constant lr, no gradient checkpointing, ``bf16=False``.
+
+Precision: both sides fp32 by default. ``--dtype bfloat16`` runs our side in bf16 (vLLM in
+bf16, DeepSpeed's bf16 mode with fp32 masters, old log-probs still the engine's, as TRL's) and
+``--trl-bf16`` TRL's with ``bf16=True`` (its fp32 model under bf16 autocast): on a CPU with
+native bf16 (AMX / AVX512_BF16), what a user of each would choose.
 
 Measured, median over steps 2..N (step 1 pays lazy initialisation):
 
@@ -96,6 +102,7 @@ WORKLOADS = {
             "learner.mini_batch_size=null",  # one optimizer step per step (default: 2)
             "task.difficulty=3",
             "model.dtype=float32",  # TRL's side runs fp32 (bf16=False): like for like
+            "learner.old_logprobs=bypass",  # the engine's, in bf16 too: TRL computes none
         ),
         steps=12,
         want={
@@ -118,6 +125,7 @@ WORKLOADS = {
             "rollout.sampling.temperature=1.0",
             "learner.mini_batch_size=null",
             "model.dtype=float32",  # TRL's side runs fp32 (bf16=False): like for like
+            "learner.old_logprobs=bypass",  # the engine's, in bf16 too: TRL computes none
         ),
         steps=5,
         want={
@@ -172,7 +180,16 @@ def plain_answer(answer: str, verifier: str) -> str:
     return answer
 
 
-def export_spec(workload: Workload, out: Path) -> dict:
+def in_dtype(workload: Workload, dtype: str) -> Workload:
+    """``workload`` with our side in ``dtype`` (old log-probs stay the engine's in bf16 too)."""
+    if dtype == "float32":
+        return workload
+    overrides = [o for o in workload.overrides if not o.startswith("model.dtype=")]
+    overrides.append(f"model.dtype={dtype}")
+    return Workload(tuple(overrides), workload.steps, {**workload.want, "model.dtype": dtype})
+
+
+def export_spec(workload: Workload, out: Path, trl_bf16: bool = False) -> dict:
     """Check our composed config against the workload and write the TRL side's spec: model
     folder, prompts and answers of the train split, and the hyperparameters, from our config."""
     from transformers import AutoTokenizer
@@ -224,6 +241,7 @@ def export_spec(workload: Workload, out: Path) -> dict:
         "epsilon_high": loss.clip_high,
         "seed": cfg.trainer.seed,
         "output_dir": str(out / "trl_out"),
+        "bf16": trl_bf16,
     }
     if per_step % spec["micro_batch"]:
         raise BenchError(f"{per_step} samples per step is not a multiple of the micro-batch")
@@ -433,7 +451,7 @@ config = GRPOConfig(
     loss_type="dapo",
     scale_rewards="group",
     use_vllm=False,
-    bf16=False,
+    bf16=spec["bf16"],
     fp16=False,
     gradient_checkpointing=False,
     use_cpu=True,
@@ -499,8 +517,11 @@ def main() -> int:
                     default=["trl", "vllm", "hf"], help="run these, in this order")  # fmt: skip
     ap.add_argument("--steps", type=int, help="training steps (default: the workload's)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, runs)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="our side's precision (docstring: Precision)")  # fmt: skip
+    ap.add_argument("--trl-bf16", action="store_true", help="TRL's side with bf16=True")
     args = ap.parse_args()
-    workload = WORKLOADS[args.workload]
+    workload = in_dtype(WORKLOADS[args.workload], args.dtype)
     if args.steps is not None:
         if args.steps < 2:
             ap.error("--steps: at least 2 (step 1 is left out of the medians)")
@@ -509,12 +530,13 @@ def main() -> int:
     print(f"work folder: {out}")
     results: dict[str, dict] = {}
     try:
-        spec = export_spec(workload, out)
+        spec = export_spec(workload, out, args.trl_bf16)
         for trainer in args.trainers:
             print(f"running {trainer} ...", flush=True)
             if trainer == "trl":
                 python = ensure_venv(Path(args.venv), out)
-                results[f"TRL {TRL_VERSION} (hf gen)"] = run_trl(python, out)
+                bf16 = ", bf16" if args.trl_bf16 else ""
+                results[f"TRL {TRL_VERSION} (hf gen{bf16})"] = run_trl(python, out)
             else:
                 results[f"ours ({trainer})"] = run_ours(
                     trainer, workload, out, spec["generation_batch_size"]
