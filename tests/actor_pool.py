@@ -162,12 +162,12 @@ class ActorPool:
                 closed.append(actor)
             except Exception:
                 self._kill(actor)
-        units = [closed] if unit else [[a] for a in closed]
-        for members in units:
-            if unit and len(closed) < len(pooled):
-                for actor in members:
-                    self._kill(actor)
-            elif members:
+        if unit and len(closed) < len(pooled):  # a rank was lost: its peers go too
+            for actor in closed:
+                self._kill(actor)
+            return
+        for members in [closed] if unit else [[a] for a in closed]:
+            if members:
                 key = (self.keys[members[0]._actor_id], len(members))
                 self.idle.setdefault(key, []).append(members)
 
